@@ -1,0 +1,86 @@
+"""The ``headway`` command: argument parsing and dispatch, nothing else.
+
+Each subcommand is a config dataclass plus a function taking it, named below as
+"module:attribute" so that ``headway --help`` imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .config import help_text, parse_cli
+from .errors import HeadwayError
+
+
+@dataclass(frozen=True)
+class Command:
+    summary: str
+    config: str  # "module:DataclassName"
+    run: str  # "module:function" taking the config, returning an exit code or None
+
+
+COMMANDS: dict[str, Command] = {
+    "target build": Command("Build (or reuse from cache) the demo target: a small Llama trained on the stdlib source.",
+                            "headway.demo_target:TargetBuildConfig", "headway.demo_target:build_cli"),
+}
+
+
+def _load(ref: str) -> Any:
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _listing() -> str:
+    width = max(len(n) for n in COMMANDS) + 2
+    lines = ["usage: headway <command> [--config FILE.yaml] [--key value | key=value ...]", "",
+             "Train Medusa / EAGLE draft heads on a frozen LM and decode faster with exact output.", "",
+             "commands:"]
+    lines += [f"  {name:<{width}}{cmd.summary}" for name, cmd in COMMANDS.items()]
+    lines += ["", "Run 'headway <command> --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def _find(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    for n in (2, 1):
+        name = " ".join(argv[:n])
+        if len(argv) >= n and name in COMMANDS:
+            return name, list(argv[n:])
+    return None, list(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_listing())
+        return 0
+    name, rest = _find(argv)
+    if name is None:
+        groups = sorted({n.split()[0] for n in COMMANDS})
+        print(f"headway: error: unknown command '{' '.join(argv[:2]) if argv[0] in groups else argv[0]}'; "
+              f"commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    cmd = COMMANDS[name]
+    cfg_cls = _load(cmd.config)
+    if "-h" in rest or "--help" in rest:
+        print(help_text(cfg_cls, f"headway {name}", cmd.summary))
+        return 0
+    try:
+        cfg = parse_cli(cfg_cls, rest)
+        fn: Callable[[Any], int | None] = _load(cmd.run)
+        return int(fn(cfg) or 0)
+    except HeadwayError as e:
+        print(f"headway {name}: error: {e}", file=sys.stderr)
+        if os.environ.get("HEADWAY_TRACEBACK"):
+            raise
+        return 2
+    except KeyboardInterrupt:
+        print(f"headway {name}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

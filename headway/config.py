@@ -1,0 +1,291 @@
+"""Plain dataclass configs: loaded from YAML, overridden from the command line.
+
+Every CLI subcommand and every training recipe is one dataclass. Fields carry their help
+text in ``field(metadata={"help": ...})``; nested dataclasses are addressed with dotted keys
+(``optim.lr=1e-3``). Unknown keys are errors that name the key and the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+import yaml
+
+from .errors import HeadwayError
+
+T = TypeVar("T")
+
+
+class ConfigError(HeadwayError, ValueError):
+    """A config or command-line problem the user can fix; the message says how."""
+
+
+def opt(default: Any = dataclasses.MISSING, help: str = "", *, positional: bool = False,
+        choices: Sequence[Any] | None = None, default_factory: Any = dataclasses.MISSING) -> Any:
+    """``dataclasses.field`` with help text (and CLI hints) in its metadata."""
+    meta = {"help": help, "positional": positional, "choices": tuple(choices) if choices else None}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def valid_keys(cls: type, prefix: str = "") -> list[str]:
+    """All dotted keys a dataclass accepts, nested ones included."""
+    keys = []
+    hints = _hints(cls)
+    for name in _fields(cls):
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            keys += valid_keys(tp, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def _unknown(key: str, cls: type, prefix: str = "") -> ConfigError:
+    valid = valid_keys(cls, prefix)
+    close = difflib.get_close_matches(prefix + key, valid, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return ConfigError(f"unknown key '{prefix}{key}'.{hint} Valid keys: {', '.join(valid)}")
+
+
+def _strip_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Convert ``value`` (from YAML, or a CLI string) to the annotated type ``tp``."""
+    tp, optional = _strip_optional(tp)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null", "")):
+        if optional or tp is Any:
+            return None
+        raise ConfigError(f"'{key}' may not be empty")
+    if isinstance(value, str) and tp is not str:
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"'{key}': cannot parse {value!r}: {e}") from None
+    origin = typing.get_origin(tp)
+    try:
+        if tp is Any:
+            return value
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+        if tp in (int, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"'{key}' must be a number, got {value!r}")
+            if tp is int and float(value) != int(value):
+                raise ConfigError(f"'{key}' must be an integer, got {value!r}")
+            return tp(value)
+        if tp is str:
+            return str(value)
+        if origin in (list, tuple):
+            (item_tp, *_) = typing.get_args(tp) or (Any,)
+            items = value if isinstance(value, (list, tuple)) else [value]
+            out = [coerce(v, item_tp, key) for v in items]
+            return out if origin is list else tuple(out)
+        if origin is dict or tp is dict:
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
+            return dict(value)
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{key}' must be a mapping, got {value!r}")
+            return from_dict(tp, value, prefix=key + ".")
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"'{key}': {e}") from None
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
+    """Build ``cls`` from a (nested) dict, refusing unknown keys."""
+    fields, hints = _fields(cls), _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise _unknown(key, cls, prefix)
+        kwargs[key] = coerce(value, hints[key], prefix + key)
+    missing = [n for n, f in fields.items() if n not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"missing required key(s): {', '.join(prefix + m for m in missing)}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        tree = tree.setdefault(p, {})
+        if not isinstance(tree, dict):
+            raise ConfigError(f"'{dotted}': '{p}' is not a section")
+    tree[leaf] = value
+
+
+def _field_type(cls: type, dotted: str) -> Any:
+    tp: Any = cls
+    for i, part in enumerate(dotted.split(".")):
+        if not dataclasses.is_dataclass(tp) or part not in _fields(tp):
+            raise _unknown(part, tp if dataclasses.is_dataclass(tp) else cls, ".".join(dotted.split(".")[:i]) + ("." if i else ""))
+        tp = _hints(tp)[part]
+    return tp
+
+
+def _is_list(tp: Any) -> bool:
+    return typing.get_origin(_strip_optional(tp)[0]) in (list, tuple)
+
+
+def parse_args(cls: type, argv: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
+    """Split argv into (yaml path, {dotted key: raw value}).
+
+    Accepts ``--config X``, ``key=value``, ``--key value``, ``--key=value``, ``--flag`` /
+    ``--no-flag`` for booleans, several values after a list option, and positional fields.
+    """
+    positional = [n for n, f in _fields(cls).items() if f.metadata.get("positional")]
+    config_path, out = None, {}
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--config", "-c"):
+            if i + 1 >= len(args):
+                raise ConfigError("--config needs a YAML path")
+            config_path, i = args[i + 1], i + 2
+            continue
+        if a.startswith("--"):
+            key, eq, val = a[2:].partition("=")
+            key = key.replace("-", "_") if "." not in key else key
+            negated = False
+            if not eq and key.startswith("no_"):
+                try:
+                    negated = _strip_optional(_field_type(cls, key[3:]))[0] is bool
+                except ConfigError:
+                    negated = False
+            if negated:
+                out[key[3:]], i = False, i + 1
+                continue
+            tp = _field_type(cls, key)
+            if eq:
+                out[key], i = val, i + 1
+            elif _strip_optional(tp)[0] is bool and (i + 1 >= len(args) or args[i + 1].startswith("--")
+                                                     or args[i + 1].lower() not in ("true", "false")):
+                out[key], i = True, i + 1
+            elif _is_list(tp):
+                vals = []
+                i += 1
+                while i < len(args) and not args[i].startswith("--") and "=" not in args[i]:
+                    vals.append(args[i])
+                    i += 1
+                if not vals:
+                    raise ConfigError(f"--{key} needs at least one value")
+                out[key] = [yaml.safe_load(v) if not isinstance(v, str) else v for v in vals]
+            else:
+                if i + 1 >= len(args):
+                    raise ConfigError(f"--{key} needs a value")
+                out[key], i = args[i + 1], i + 2
+            continue
+        if "=" in a and not a.startswith("-") and a.split("=", 1)[0].replace(".", "").replace("_", "").isalnum():
+            key, _, val = a.partition("=")
+            _field_type(cls, key)  # validates
+            out[key], i = val, i + 1
+            continue
+        if a.startswith("-"):
+            raise ConfigError(f"unknown option '{a}'. Valid options: "
+                              + ", ".join("--" + k for k in valid_keys(cls)))
+        if not positional:
+            raise ConfigError(f"unexpected argument '{a}'. Options look like --key value or key=value")
+        out[positional.pop(0)], i = a, i + 1
+    return config_path, out
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] | dict[str, Any] = ()) -> T:
+    """YAML file (optional) + overrides (CLI strings or a dotted dict) -> validated dataclass."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: invalid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of keys to values")
+        data = loaded
+    if not isinstance(overrides, dict):
+        overrides = parse_args(cls, overrides)[1]
+    for key, value in overrides.items():
+        _field_type(cls, key)
+        _set_dotted(data, key, value)
+    try:
+        return from_dict(cls, data)
+    except ConfigError as e:
+        where = f"{path}: " if path is not None else ""
+        raise ConfigError(f"{where}{e}") from None
+
+
+def parse_cli(cls: type[T], argv: Sequence[str]) -> T:
+    path, overrides = parse_args(cls, argv)
+    return load_config(cls, path, overrides)
+
+
+def help_text(cls: type, prog: str, summary: str = "") -> str:
+    """A --help page generated from the dataclass fields."""
+    lines = [f"usage: {prog} [--config FILE.yaml] [--key value | key=value ...]", ""]
+    if summary:
+        lines += [summary, ""]
+    hints = _hints(cls)
+
+    def walk(c: type, prefix: str) -> None:
+        for name, f in _fields(c).items():
+            tp = hints_of(c)[name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, prefix + name + ".")
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
+            choices = f.metadata.get("choices")
+            extra = f" {{{', '.join(map(str, choices))}}}" if choices else ""
+            flag = prefix + name if f.metadata.get("positional") and not prefix else "--" + prefix + name
+            lines.append(f"  {flag:<28} {f.metadata.get('help', '')}{extra} [default: {default}]")
+
+    def hints_of(c: type) -> dict[str, Any]:
+        return hints if c is cls else _hints(c)
+
+    walk(cls, "")
+    return "\n".join(lines)
+
+
+def check_choice(value: Any, choices: Sequence[Any], key: str) -> None:
+    if value not in choices:
+        raise ConfigError(f"'{key}' must be one of {', '.join(map(str, choices))}; got {value!r}")

@@ -1,0 +1,141 @@
+"""Loading the frozen target: any ``AutoModelForCausalLM`` plus its tokenizer (and an optional PEFT adapter)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import HeadwayError
+
+
+class TargetError(HeadwayError, ValueError):
+    """The target cannot be loaded as asked; the message says why and what to do."""
+
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> Any:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise TargetError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class TargetInfo:
+    """What a head checkpoint records about the target it was trained for."""
+
+    name_or_path: str
+    revision: str | None
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    architecture: str
+
+    @classmethod
+    def of(cls, model: nn.Module, name_or_path: str | None = None, revision: str | None = None) -> "TargetInfo":
+        cfg = model.config
+        return cls(
+            name_or_path=str(name_or_path or getattr(cfg, "_name_or_path", "") or ""),
+            revision=revision,
+            hidden_size=int(cfg.hidden_size),
+            vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+            num_hidden_layers=int(cfg.num_hidden_layers),
+            architecture=(cfg.architectures or [type(model).__name__])[0],
+        )
+
+    def check_matches(self, other: "TargetInfo", what: str = "heads") -> None:
+        """Refuse a mismatch in the fields that decide tensor shapes, naming both values."""
+        for name in ("hidden_size", "vocab_size"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                raise TargetError(f"{what} were trained for a target with {name}={mine}, "
+                                  f"but this target has {name}={theirs} ({other.name_or_path or 'model in hand'})")
+
+
+def _is_local(name_or_path: str) -> bool:
+    return name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path and Path(name_or_path).exists()
+
+
+def load_config_only(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoConfig
+
+    path = Path(name_or_path).expanduser()
+    if _is_local(name_or_path) and not path.exists():
+        raise TargetError(f"target path does not exist: {path}")
+    try:
+        return AutoConfig.from_pretrained(str(path) if path.exists() else name_or_path, revision=revision,
+                                          trust_remote_code=trust_remote_code)
+    except OSError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TargetError(f"cannot load target '{name_or_path}': {first}") from None
+
+
+def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", device: str | torch.device | None = None,
+                adapter: str | None = None, revision: str | None = None, trust_remote_code: bool = False,
+                attn_implementation: str | None = None) -> tuple[nn.Module, Any]:
+    """Load a frozen, eval-mode causal LM and its tokenizer.
+
+    ``adapter`` is an optional PEFT adapter folder (e.g. from Medusa-2 training); it is merged
+    into the weights so the decoder drives a plain transformers model.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = load_config_only(name_or_path, revision, trust_remote_code)
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
+        raise TargetError(f"'{name_or_path}' is a '{config.model_type}' model, not a causal LM "
+                          "(AutoModelForCausalLM cannot load it); headway needs a decoder-only language model")
+    src = str(Path(name_or_path).expanduser()) if Path(name_or_path).expanduser().exists() else name_or_path
+    kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
+    if dtype is not None:
+        kwargs["dtype"] = resolve_dtype(dtype)
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise TargetError(f"cannot load the tokenizer of '{name_or_path}': {str(e).splitlines()[0]}") from None
+    if adapter:
+        model = apply_adapter(model, adapter)
+    check_vocab(model, tokenizer, name_or_path)
+    model.to(device or default_device())
+    return freeze(model), tokenizer
+
+
+def apply_adapter(model: nn.Module, adapter: str) -> nn.Module:
+    from peft import PeftModel
+
+    if not Path(adapter).expanduser().exists() and _is_local(adapter):
+        raise TargetError(f"adapter path does not exist: {adapter}")
+    return PeftModel.from_pretrained(model, str(Path(adapter).expanduser()) if Path(adapter).expanduser().exists()
+                                     else adapter).merge_and_unload()
+
+
+def check_vocab(model: nn.Module, tokenizer: Any, name: str = "target") -> None:
+    """The tokenizer may not produce ids the model has no embedding for."""
+    n_model = model.get_input_embeddings().weight.shape[0]
+    n_tok = len(tokenizer)
+    if n_tok > n_model:
+        raise TargetError(f"tokenizer of '{name}' has {n_tok} tokens but the model's embedding has only "
+                          f"{n_model} rows; they do not belong together")
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

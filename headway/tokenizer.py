@@ -1,0 +1,26 @@
+"""Byte-level BPE tokenizers trained locally (the demo target and the test fixtures use them)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> "object":
+    """Train a byte-level BPE and wrap it as a transformers ``PreTrainedTokenizerFast``.
+
+    Ids 0..2 are BOS, EOS and PAD; the 256 byte symbols follow, so any text round-trips.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=[BOS, EOS, PAD], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                   clean_up_tokenization_spaces=False)

@@ -1,0 +1,30 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from headway.testing import ARCHITECTURES, save_tiny_target, tiny_target  # noqa: E402
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def target_dirs(tmp_path_factory):
+    """A saved tiny random target (HF folder with tokenizer) per fixture architecture."""
+    root = tmp_path_factory.mktemp("targets")
+    return {arch: save_tiny_target(root / arch, arch) for arch in ARCHITECTURES}
+
+
+@pytest.fixture(scope="session")
+def llama_dir(target_dirs):
+    return target_dirs["llama"]
+
+
+@pytest.fixture
+def tiny_llama():
+    return tiny_target("llama")
