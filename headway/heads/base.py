@@ -1,0 +1,199 @@
+"""Save / load / push for every head kind: the native checkpoint of design.md §4.
+
+A checkpoint is a folder: ``config.json`` (``headway_version``, ``kind``, every architecture
+field, ``target`` info), ``model.safetensors`` and a ``README.md`` model card. Loading is
+strict and checks the target in hand against the recorded one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .. import __version__
+from ..config import from_dict
+from ..errors import HeadwayError
+from ..target import TargetInfo
+
+
+class HeadsError(HeadwayError):
+    """A head checkpoint cannot be saved or loaded as asked."""
+
+
+class HeadsBase(nn.Module):
+    """Common checkpoint behaviour; subclasses set ``kind`` and ``config_class``."""
+
+    kind: ClassVar[str]
+    config_class: ClassVar[type]
+
+    def __init__(self, config: Any, target_info: TargetInfo | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.target_info = target_info
+        self.metadata: dict[str, Any] = {}  # training data summary, measured acceptance, ...
+
+    # -- target binding -------------------------------------------------------------------
+    def attach(self, target: nn.Module) -> "HeadsBase":
+        """Bind the frozen target modules the heads borrow (embedding, lm_head), after checking
+        the target matches. Borrowed modules are not submodules: never saved, never trained."""
+        info = TargetInfo.of(target)
+        if self.target_info is not None:
+            self.target_info.check_matches(info)
+        else:
+            self.target_info = info
+        self._check_target(target)
+        object.__setattr__(self, "_target_embed", target.get_input_embeddings())
+        object.__setattr__(self, "_target_lm_head", target.get_output_embeddings())
+        return self
+
+    def _check_target(self, target: nn.Module) -> None:
+        ours = (self.config.hidden_size, self.config.vocab_size)
+        theirs = (int(target.config.hidden_size), int(target.get_output_embeddings().weight.shape[0]))
+        for name, a, b in zip(("hidden_size", "vocab_size"), ours, theirs):
+            if a != b:
+                raise HeadsError(f"{self.kind} heads have {name}={a}, but the target has {name}={b}")
+
+    @property
+    def target_embed(self) -> nn.Module:
+        emb = self.__dict__.get("_target_embed")
+        if emb is None:
+            raise HeadsError(f"{self.kind} heads are not attached to a target; call .attach(target) first")
+        return emb
+
+    @property
+    def target_lm_head(self) -> nn.Module:
+        head = self.__dict__.get("_target_lm_head")
+        if head is None:
+            raise HeadsError(f"{self.kind} heads are not attached to a target; call .attach(target) first")
+        return head
+
+    # -- serialisation --------------------------------------------------------------------
+    def config_dict(self) -> dict[str, Any]:
+        return {"headway_version": __version__, "kind": self.kind, **dataclasses.asdict(self.config),
+                "target": dataclasses.asdict(self.target_info) if self.target_info else None,
+                "metadata": self.metadata}
+
+    def save_pretrained(self, path: str | Path, card: bool = True) -> Path:
+        """Write the checkpoint atomically: a temp folder beside ``path``, then rename."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "kind": self.kind})
+            (tmp / "config.json").write_text(json.dumps(self.config_dict(), indent=2) + "\n")
+            if card:
+                from .card import model_card
+
+                (tmp / "README.md").write_text(model_card(self.config_dict()))
+            if path.exists():
+                old = path.with_name(f".{path.name}.old")
+                shutil.rmtree(old, ignore_errors=True)
+                os.rename(path, old)
+                os.rename(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    @classmethod
+    def _from_config_dict(cls, cfg: dict[str, Any]) -> "HeadsBase":
+        fields = {f.name for f in dataclasses.fields(cls.config_class)}
+        config = from_dict(cls.config_class, {k: v for k, v in cfg.items() if k in fields})
+        target = TargetInfo(**cfg["target"]) if cfg.get("target") else None
+        heads = cls(config, target_info=target)
+        heads.metadata = dict(cfg.get("metadata") or {})
+        return heads
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, target: nn.Module | None = None,
+                        revision: str | None = None) -> "HeadsBase":
+        return load_heads(name_or_path, target=target, revision=revision, expected=cls)
+
+    def push_to_hub(self, repo_id: str, private: bool = False, revision: str | None = None,
+                    token: str | None = None) -> str:
+        from .hub import push_folder
+
+        with tempfile.TemporaryDirectory() as d:
+            self.save_pretrained(Path(d) / "heads")
+            return push_folder(Path(d) / "heads", repo_id, private=private, revision=revision, token=token)
+
+
+def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None) -> Path:
+    """A local folder, or a Hub repo id resolved through huggingface_hub (the cache works offline)."""
+    p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        return p
+    s = str(name_or_path)
+    if s.startswith((".", "/", "~")) or s.count("/") != 1:
+        raise HeadsError(f"heads checkpoint not found: '{s}' is not a folder and not a Hub repo id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(s, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.md"]))
+    except Exception as e:  # offline, missing repo, no network: say which in one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise HeadsError(f"cannot fetch heads '{s}' from the Hub: {first}") from None
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    f = path / "config.json"
+    if not f.is_file():
+        raise HeadsError(f"{path} has no config.json; is it a headway heads checkpoint?")
+    cfg = json.loads(f.read_text())
+    if "kind" not in cfg:
+        raise HeadsError(f"{f} has no 'kind'; not a headway checkpoint (use `headway import` for reference formats)")
+    return cfg
+
+
+def load_state_strict(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
+    own = module.state_dict()
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if missing or unexpected:
+        raise HeadsError(f"{where}: tensors do not match the architecture; missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    for k, v in tensors.items():
+        if own[k].shape != v.shape:
+            raise HeadsError(f"{where}: tensor '{k}' has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
+    module.load_state_dict(tensors, strict=True)
+
+
+def heads_class(kind: str) -> type[HeadsBase]:
+    from .eagle import Eagle1Drafter, Eagle3Drafter
+    from .medusa import MedusaHeads
+
+    classes = {c.kind: c for c in (MedusaHeads, Eagle1Drafter, Eagle3Drafter)}
+    if kind not in classes:
+        raise HeadsError(f"unknown heads kind '{kind}'; known: {', '.join(classes)}")
+    return classes[kind]
+
+
+def load_heads(name_or_path: str | Path, target: nn.Module | None = None, revision: str | None = None,
+               expected: type[HeadsBase] | None = None) -> HeadsBase:
+    """Load any headway checkpoint; with ``target`` given, check it and attach."""
+    path = resolve_checkpoint(name_or_path, revision)
+    cfg = read_config(path)
+    cls = heads_class(cfg["kind"])
+    if expected is not None and expected is not HeadsBase and cls is not expected:
+        raise HeadsError(f"{path} holds '{cfg['kind']}' heads, not '{expected.kind}'")
+    heads = cls._from_config_dict(cfg)
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise HeadsError(f"{path} has no model.safetensors")
+    load_state_strict(heads, load_file(str(weights)), str(weights))
+    if target is not None:
+        heads.attach(target)
+        heads.to(device=next(target.parameters()).device)
+    return heads.eval()
