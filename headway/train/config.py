@@ -1,0 +1,136 @@
+"""``headway train`` settings: one dataclass per concern, loaded from ``configs/*.yaml``.
+
+The YAML recipes under ``configs/`` carry the reasoning behind their numbers as comments;
+this file carries what each key means. Every key can be overridden on the command line
+(``headway train --config configs/demo-medusa.yaml optim.lr=3e-4 max_steps=50``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import check_choice, opt
+
+KINDS = ("medusa", "medusa2", "eagle1", "eagle3")
+SCHEDULES = ("cosine", "linear", "constant")
+PRECISIONS = ("no", "bf16", "fp16", "auto")
+TRACKERS = ("none", "wandb", "tensorboard")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = opt(1e-3, "peak learning rate (of the target's LoRA for medusa2; heads get lr * head_lr_mult)")
+    head_lr_mult: float = opt(1.0, "learning-rate multiplier for the heads (Medusa-2 uses 4)")
+    weight_decay: float = opt(0.0, "AdamW weight decay (not applied to biases and norm weights)")
+    betas: list[float] = opt(default_factory=lambda: [0.9, 0.95], help="AdamW betas")
+    eps: float = opt(1e-8, "AdamW epsilon")
+    warmup_steps: int = opt(0, "linear learning-rate warm-up, in optimiser steps")
+    schedule: str = opt("cosine", "learning-rate decay after warm-up", choices=SCHEDULES)
+    min_lr_ratio: float = opt(0.0, "cosine/linear decay floor as a fraction of the peak lr")
+    max_grad_norm: float = opt(1.0, "gradient clipping by global norm; 0 disables")
+
+    def __post_init__(self) -> None:
+        check_choice(self.schedule, SCHEDULES, "optim.schedule")
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas needs two values, got {self.betas}")
+        if self.lr <= 0 or self.head_lr_mult <= 0:
+            raise ValueError("optim.lr and optim.head_lr_mult must be positive")
+
+
+@dataclass
+class MedusaOptions:
+    num_heads: int = opt(5, "number of Medusa heads; head k predicts token t+k+2")
+    num_layers: int = opt(1, "ResBlocks per head")
+    own_lm_head: bool = opt(True, "each head gets its own vocab projection initialised from the target's "
+                                  "lm_head; false shares (and freezes) the target's lm_head")
+    decay: float = opt(0.8, "head k's loss weight is decay**k")
+    kl_weight: float = opt(0.0, "weight of KL(target's distribution at t+k+1 || head k) added to the hard-label "
+                                "cross-entropy; 0 trains on hard labels only")
+    topk: int = opt(5, "k of the top-k accuracy reported at evaluation")
+
+
+@dataclass
+class LoraOptions:
+    """Medusa-2: the target is adapted jointly with the heads through a LoRA adapter (peft)."""
+
+    r: int = opt(16, "LoRA rank")
+    alpha: int = opt(32, "LoRA alpha (scale = alpha / r)")
+    dropout: float = opt(0.0, "LoRA dropout")
+    target_modules: list[str] = opt(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"],
+                                    help="module names to adapt ('all-linear' = every linear but the lm_head)")
+    quality_loss: str = opt("kl", "what keeps the adapted target's quality: 'kl' to the frozen target's "
+                                  "distribution, or 'lm' (next-token cross-entropy on the data)",
+                            choices=("kl", "lm"))
+    quality_weight: float = opt(1.0, "weight of the quality term relative to the heads' loss")
+    heads_weight: float = opt(0.2, "weight of the heads' loss once warmed up (Medusa-2's lambda_0)")
+    heads_only_steps: int = opt(0, "steps at the start where the quality term has weight 0 and the adapter does "
+                                   "not move (lr 0): the heads warm up on the frozen target first")
+    ramp_steps: int = opt(0, "steps over which the quality-term weight ramps linearly from 0 to quality_weight "
+                             "after heads_only_steps")
+
+    def __post_init__(self) -> None:
+        check_choice(self.quality_loss, ("kl", "lm"), "lora.quality_loss")
+
+
+@dataclass
+class EagleOptions:
+    """EAGLE-1 / EAGLE-3 training options (owned by headway/train/eagle.py; see design.md §3)."""
+
+    ttt_steps: int = opt(7, "EAGLE-3 training-time-test unroll depth")
+    step_decay: float = opt(0.8, "EAGLE-3: unrolled step j's loss weight is step_decay**j")
+    draft_vocab_size: int | None = opt(None, "EAGLE-3 reduced draft vocabulary (most frequent answer tokens); "
+                                             "None = full target vocabulary")
+    aux_layers: list[int] = opt(default_factory=list, help="EAGLE-3 fused target layers as HF hidden-state indices; "
+                                                           "empty = (2, L//2, L-3)")
+    feature_weight: float = opt(1.0, "EAGLE-1 SmoothL1 feature-regression weight")
+    ce_weight: float = opt(0.1, "EAGLE-1 soft cross-entropy weight")
+    noise: float = opt(0.2, "EAGLE-1 uniform noise width on input features (U(-noise/2, noise/2))")
+    fc_bias: bool = opt(False, "bias on fc (vLLM's EAGLE-1 has none)")
+
+
+@dataclass
+class TrainConfig:
+    kind: str = opt("medusa", "what to train: medusa (Medusa-1, frozen target), medusa2 (heads + LoRA on the "
+                              "target), eagle1, eagle3", choices=KINDS)
+    target: str = opt("demo", "target model: a local HF folder or Hub id (from the HF cache offline); "
+                              "'demo' = the cached demo target")
+    target_dtype: str = opt("float32", "dtype the frozen target is loaded in (float32, bfloat16, float16)")
+    data: str = opt("", "distilled dataset folder (datasets Arrow with input_ids and loss_mask)")
+    eval_data: str | None = opt(None, "held-out distilled dataset; None = split eval_fraction off `data`")
+    eval_fraction: float = opt(0.05, "fraction of `data` held out for evaluation when eval_data is not given")
+    max_length: int = opt(1024, "rows longer than this many tokens are truncated")
+    output_dir: str = opt("runs/headway", "checkpoints, logs and the final heads go here")
+    seed: int = opt(0, "seed for initialisation, data order and the eval split")
+    max_steps: int | None = opt(None, "stop after this many optimiser steps (overrides epochs)")
+    epochs: float = opt(1.0, "passes over the training data when max_steps is not set")
+    batch_size: int = opt(8, "rows per process per micro-batch")
+    grad_accum: int = opt(1, "micro-batches per optimiser step (global batch = batch_size * processes * grad_accum)")
+    mixed_precision: str = opt("no", "accelerate mixed precision: no, bf16, fp16, or auto (bf16 where the GPU "
+                                     "supports it, else no)", choices=PRECISIONS)
+    save_every: int = opt(500, "save a resumable checkpoint every N optimiser steps (and always at the end); 0 = end only")
+    keep_checkpoints: int = opt(2, "keep the newest N checkpoints (0 keeps all)")
+    resume_from: str | None = opt(None, "'latest' (the newest complete checkpoint in output_dir, or a fresh start "
+                                        "if none) or a checkpoint folder")
+    report_to: str = opt("none", "experiment tracker", choices=TRACKERS)
+    project: str = opt("headway", "tracker project name")
+    run_name: str | None = opt(None, "tracker run name; None = derived from output_dir")
+    log_every: int = opt(10, "log loss / lr / tokens per second every N optimiser steps")
+    eval_every: int = opt(0, "evaluate on held-out data every N optimiser steps (0 = only at the end)")
+    eval_max_batches: int | None = opt(None, "cap on evaluation batches per evaluation")
+    num_workers: int = opt(0, "dataloader worker processes")
+    progress: bool = opt(True, "rich progress bar on the main process")
+    medusa: MedusaOptions = field(default_factory=MedusaOptions)
+    lora: LoraOptions = field(default_factory=LoraOptions)
+    eagle: EagleOptions = field(default_factory=EagleOptions)
+
+    def __post_init__(self) -> None:
+        check_choice(self.kind, KINDS, "kind")
+        check_choice(self.mixed_precision, PRECISIONS, "mixed_precision")
+        check_choice(self.report_to, TRACKERS, "report_to")
+        if not 0 <= self.eval_fraction < 1:
+            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.batch_size < 1 or self.grad_accum < 1:
+            raise ValueError("batch_size and grad_accum must be >= 1")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ValueError("max_steps must be >= 0")

@@ -1,0 +1,202 @@
+"""What differs between head kinds in training: a small ``Task`` interface the one loop drives.
+
+The interface (the EAGLE tasks in ``headway/train/eagle.py`` implement the same one)
+---------------------------------------------------------------------------------
+The loop (``headway/train/loop.py``) owns data, the frozen target, accelerate, optimiser,
+schedule, checkpoints, trackers and evaluation. Each step it runs the target once
+(``headway.train.batch.target_batch``) and hands the task a ``TargetBatch``
+(defined in ``headway/train/batch.py``, re-exported here)::
+
+    @dataclass
+    class TargetBatch:              # what the target gives each step (all on the device)
+        input_ids: Tensor           # (B, T) long, right-padded
+        attention_mask: Tensor      # (B, T) long, 1 on real tokens
+        loss_mask: Tensor           # (B, T) long, 1 on target-written tokens (0 on padding)
+        hidden: dict[int, Tensor]   # HF hidden_states index -> (B, T, H); -1 = final post-norm
+        logits: Tensor | None       # (B, T, V) target logits, when task.needs_logits()
+        ref_logits: Tensor | None   # (B, T, V) logits of the *unadapted* target (adapter disabled),
+                                    #   only when the task adapts the target (Medusa-2)
+
+    class Task(Protocol):
+        kind: str                                   # TrainConfig.kind
+        def __init__(self, cfg: TrainConfig)        # keep the options you need
+        def build(self, target) -> HeadsBase        # fresh heads, attached to the (frozen) target
+        def adapt_target(self, target) -> nn.Module # default: target unchanged. Medusa-2: a peft model
+                                                    #   whose LoRA params require grad; the loop then
+                                                    #   runs it with grad and trains it too
+        def feature_layers(self, heads) -> list[int]
+        def needs_logits(self) -> bool
+        def param_groups(self, heads, target) -> list[ParamGroup]  # (name, params, lr multiplier)
+        def loss(self, heads, tb, step) -> tuple[Tensor, dict[str, Tensor]]  # metrics: 0-d tensors,
+                                                    #   no .item() (the loop syncs at log_every)
+        def eval_stats(self, heads, tb) -> dict[str, Tensor]   # *sums* over the batch (fixed shapes);
+                                                    #   the loop adds them over batches and processes
+        def summarize(self, stats) -> dict[str, Any]           # summed stats -> floats for card / log
+                                                    #   (must include "tau": simulated chain acceptance)
+        def save(self, heads, target, out_dir) -> None         # final artefacts (heads + adapter ...)
+
+``loss`` and ``eval_stats`` run inside the module that accelerate prepares (DDP-wrapped),
+so every trainable parameter must take part in each step's graph (a zero weight is fine).
+``TASKS`` maps kind -> class; ``headway/train/eagle.py`` registers "eagle1" / "eagle3" by
+adding entries (``TASKS["eagle1"] = Eagle1Task``) and the loop imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..heads import HeadsBase, MedusaHeads
+from .batch import TargetBatch
+from .config import TrainConfig
+from .losses import IGNORE_INDEX, kl_to_target, medusa_labels, medusa_loss, next_token_loss
+from .metrics import chain_acceptance, medusa_eval_stats, summarize_heads
+
+
+@dataclass
+class ParamGroup:
+    name: str
+    params: list[nn.Parameter]
+    lr_mult: float = 1.0
+
+
+class Task(Protocol):
+    kind: str
+
+    def build(self, target: nn.Module) -> HeadsBase: ...
+    def adapt_target(self, target: nn.Module) -> nn.Module: ...
+    def feature_layers(self, heads: HeadsBase) -> list[int]: ...
+    def needs_logits(self) -> bool: ...
+    def param_groups(self, heads: HeadsBase, target: nn.Module) -> list[ParamGroup]: ...
+    def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]: ...
+    def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]: ...
+    def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]: ...
+    def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None: ...
+
+
+class MedusaTask:
+    """Medusa-1: K heads on the frozen target's final hidden state (design.md §3)."""
+
+    kind = "medusa"
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.opts = cfg.medusa
+
+    def build(self, target: nn.Module) -> HeadsBase:
+        o = self.opts
+        return MedusaHeads.for_target(target, num_heads=o.num_heads, num_layers=o.num_layers,
+                                      own_lm_head=o.own_lm_head)
+
+    def adapt_target(self, target: nn.Module) -> nn.Module:
+        return target
+
+    def feature_layers(self, heads: HeadsBase) -> list[int]:
+        return [-1]
+
+    def needs_logits(self) -> bool:
+        return self.opts.kl_weight > 0
+
+    def param_groups(self, heads: HeadsBase, target: nn.Module) -> list[ParamGroup]:
+        return [ParamGroup("heads", [p for p in heads.parameters() if p.requires_grad],
+                           self.cfg.optim.head_lr_mult)]
+
+    def head_loss(self, heads: HeadsBase, tb: TargetBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        K = heads.config.num_heads
+        head_logits = heads(tb.hidden[-1])  # (K, B, T, V)
+        labels = medusa_labels(tb.input_ids, tb.loss_mask, K)  # (K, B, T)
+        weights = torch.tensor([self.opts.decay ** k for k in range(K)], device=head_logits.device)
+        loss, per_head = medusa_loss(head_logits, labels, weights)
+        metrics = {f"head{k}_ce": per_head[k].detach() for k in range(K)}
+        if self.opts.kl_weight > 0:
+            kl, per_head_kl = kl_to_target(head_logits, tb.logits, labels, weights)
+            loss = loss + self.opts.kl_weight * kl
+            metrics["kl"] = kl.detach()
+        return loss, metrics
+
+    def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        return self.head_loss(heads, tb)
+
+    def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
+        head_logits = heads(tb.hidden[-1])  # (K, B, T, V)
+        labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)
+        return medusa_eval_stats(head_logits, labels, self.opts.topk)
+
+    def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
+        return summarize_heads(stats, self.opts.topk)
+
+    def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None:
+        heads.save_pretrained(out_dir / "heads")
+
+
+def quality_weight(step: int, heads_only_steps: int, ramp_steps: int, weight: float) -> float:
+    """Medusa-2's weight on the target-quality term at optimiser step ``step`` (0-based):
+    0 during the heads-only warm-up, then a linear ramp to ``weight`` over ``ramp_steps``."""
+    if step < heads_only_steps:
+        return 0.0
+    if ramp_steps <= 0:
+        return weight
+    return weight * min(1.0, (step - heads_only_steps + 1) / ramp_steps)
+
+
+class Medusa2Task(MedusaTask):
+    """Medusa-2: heads plus a LoRA adapter on the target, trained jointly; a KL (or LM) term
+    against the frozen target keeps the adapted target's own predictions."""
+
+    kind = "medusa2"
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__(cfg)
+        self.lora = cfg.lora
+
+    def adapt_target(self, target: nn.Module) -> nn.Module:
+        from peft import LoraConfig, get_peft_model
+
+        mods: Any = self.lora.target_modules
+        if mods == ["all-linear"]:
+            mods = "all-linear"
+        config = LoraConfig(r=self.lora.r, lora_alpha=self.lora.alpha, lora_dropout=self.lora.dropout,
+                            target_modules=mods, bias="none", task_type="CAUSAL_LM")
+        model = get_peft_model(target, config)
+        model.train()  # LoRA dropout on; the base model has no dropout in our targets
+        return model
+
+    def needs_logits(self) -> bool:
+        return True
+
+    def param_groups(self, heads: HeadsBase, target: nn.Module) -> list[ParamGroup]:
+        lora = [p for p in target.parameters() if p.requires_grad]
+        return [ParamGroup("heads", [p for p in heads.parameters() if p.requires_grad], self.cfg.optim.head_lr_mult),
+                ParamGroup("target", lora, 1.0)]
+
+    def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        head_loss, metrics = self.head_loss(heads, tb)
+        o = self.lora
+        if o.quality_loss == "kl":
+            ones = torch.ones(1, device=tb.logits.device)
+            quality = kl_to_target(tb.logits[None], tb.ref_logits, _next_labels(tb), ones, offset=1)[0]
+        else:
+            quality = next_token_loss(tb.logits, tb.input_ids, tb.loss_mask)
+        w = quality_weight(step, o.heads_only_steps, o.ramp_steps, o.quality_weight)
+        hw = 1.0 if step < o.heads_only_steps else o.heads_weight
+        metrics.update(heads_loss=head_loss.detach(), quality=quality.detach())
+        return hw * head_loss + w * quality, metrics
+
+    def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None:
+        adapter = out_dir / "adapter"
+        target.save_pretrained(str(adapter))
+        heads.metadata["adapter"] = {"path": "../adapter", "note": "load the target with "
+                                     "headway.target.load_target(target, adapter=<this folder>/../adapter)"}
+        heads.save_pretrained(out_dir / "heads")
+
+
+def _next_labels(tb: TargetBatch) -> Tensor:
+    """(1, B, T) labels for the target's own next-token distribution at t (token t+1)."""
+    return medusa_labels(tb.input_ids, tb.loss_mask, 1, offset=1)
+
+
+TASKS: dict[str, type] = {"medusa": MedusaTask, "medusa2": Medusa2Task}
