@@ -1,0 +1,122 @@
+"""Proposers: the draft side of a decode step, one per head kind.
+
+Each proposer is told what the target accepted (tokens and the target's hidden states at those
+positions) and then answers the tree builder's questions (``root_logprobs``, ``expand``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads
+from ..heads.layers import DraftCache, causal_mask
+
+
+def hidden_index(layer: int, num_layers: int) -> int:
+    """HF hidden-state index; -1 means the final post-norm state (index L)."""
+    return num_layers if layer == -1 else layer
+
+
+class MedusaProposer:
+    """Head k's top-k at depth k+1, independent of the parent token: drafting costs one call."""
+
+    def __init__(self, heads: MedusaHeads) -> None:
+        self.heads = heads
+        self.max_depth = heads.config.num_heads
+        self.feature_layers = [-1]
+        self.logp: torch.Tensor | None = None  # (K, V)
+
+    def _set(self, final_hidden: torch.Tensor) -> None:
+        w = next(self.heads.parameters())
+        self.logp = F.log_softmax(self.heads(final_hidden.to(w.dtype)).float(), dim=-1)  # (K, V)
+
+    def prefill(self, input_ids: torch.Tensor, features: list[torch.Tensor], first_token: torch.Tensor) -> None:
+        self._set(features[0][0, -1])  # (H,) final state at the last prompt position
+
+    def accept(self, tokens: torch.Tensor, features: list[torch.Tensor], start: int) -> None:
+        """tokens (m+2,): accepted path (root first) then bonus; features (m+1, H) at the path."""
+        self._set(features[0][-1])
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self.logp[0]
+
+    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        return self.logp[depth].expand(tokens.numel(), -1)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids
+
+
+class EagleProposer:
+    """EAGLE-1 / EAGLE-3: the drafter runs autoregressively over the tree with its own KV cache.
+
+    The cache holds one entry per target position whose true features are known: entry t is
+    (x_{t+1}, f_t). Tree nodes are appended while drafting and cropped away afterwards; the next
+    step's catch-up feeds the accepted positions with the target's real features.
+    """
+
+    def __init__(self, drafter: Eagle1Drafter | Eagle3Drafter, max_depth: int | None = None) -> None:
+        self.drafter = drafter
+        self.max_depth = max_depth
+        self.feature_layers = list(drafter.feature_layers)
+        self.cache = DraftCache()
+        self.base = 0  # cache length before the tree = position of the tree root
+
+    def _catch_up(self, tokens: torch.Tensor, features: list[torch.Tensor], start: int) -> None:
+        """tokens (1, m) = x_{t+1}, features [(1, m, H)] = f_t for t = start .. start+m-1."""
+        self.cache.crop(start)
+        d = self.drafter
+        m = tokens.shape[1]
+        dtype = d.fc.weight.dtype
+        pos = torch.arange(start, start + m, device=tokens.device)[None]
+        out = d(tokens, d.fuse(features), pos, causal_mask(m, start, dtype, tokens.device), self.cache)
+        self.base = start + m
+        self.prev_out = out[0, -1:]  # (1, H): the root's output feeds the depth-1 nodes
+        self.prev_vis = torch.zeros(1, 0, dtype=torch.bool, device=tokens.device)  # (rows, tree slots so far)
+        self.root_lp = F.log_softmax(d.logits(out[:, -1:])[0, 0].float(), dim=-1)
+
+    def prefill(self, input_ids: torch.Tensor, features: list[torch.Tensor], first_token: torch.Tensor) -> None:
+        self.cache = DraftCache()
+        tokens = torch.cat([input_ids[:, 1:], first_token.view(1, 1)], dim=1)  # x_{t+1} for t = 0..n-1
+        self._catch_up(tokens, features, 0)
+
+    def accept(self, tokens: torch.Tensor, features: list[torch.Tensor], start: int) -> None:
+        """tokens (m+2,): accepted path (root first) then bonus; features [(m+1, H)] at the path's
+        positions start .. start+m (``start`` = root position)."""
+        self._catch_up(tokens[1:][None], [f[None] for f in features], start)
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self.root_lp
+
+    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        """Feed n nodes at ``depth`` (drafter position base + depth - 1): each reads its parent's
+        output and attends to the cached prefix, its tree ancestors and itself."""
+        d = self.drafter
+        n = tokens.numel()
+        dev = tokens.device
+        slots = self.prev_vis.shape[1]
+        vis_tree = self.prev_vis[parent_rows]  # (n, slots) ancestors among earlier tree nodes
+        vis = torch.cat([vis_tree, torch.eye(n, dtype=torch.bool, device=dev)], dim=1)  # (n, slots + n)
+        dtype = d.fc.weight.dtype
+        mask = torch.zeros(n, self.base + slots + n, dtype=dtype, device=dev)
+        mask[:, self.base:].masked_fill_(~vis, torch.finfo(dtype).min)
+        pos = torch.full((1, n), self.base + depth - 1, dtype=torch.long, device=dev)
+        hidden = self.prev_out[parent_rows][None]  # (1, n, H)
+        out = d(tokens[None], hidden, pos, mask[None, None], self.cache)[0]  # (n, H)
+        self.prev_vis, self.prev_out = vis, out  # rows of the next call: ancestors now include these slots
+        return F.log_softmax(d.logits(out[None])[0].float(), dim=-1)
+
+    def end_tree(self) -> None:
+        self.cache.crop(self.base)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.drafter.to_target_ids(draft_ids)
+
+
+def make_proposer(heads: HeadsBase, max_depth: int | None = None) -> MedusaProposer | EagleProposer:
+    if isinstance(heads, MedusaHeads):
+        return MedusaProposer(heads)
+    if isinstance(heads, (Eagle1Drafter, Eagle3Drafter)):
+        return EagleProposer(heads, max_depth)
+    raise TypeError(f"no proposer for {type(heads).__name__}")

@@ -1,0 +1,76 @@
+"""The target's processed distribution (temperature, top-k, top-p, in HF ``generate``'s order)
+and exact sampling verification for trees of deterministic (top-k) drafts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tree import TreeBuffers
+from .verify import Verdict
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+def processed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """(..., V) logits -> (..., V) probabilities after temperature, top-k, top-p (float32)."""
+    x = logits.float() / p.temperature
+    if p.top_k and p.top_k < x.shape[-1]:
+        kth = x.topk(p.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_x, order = x.sort(dim=-1, descending=False)
+        cum = sorted_x.softmax(-1).cumsum(-1)
+        drop_sorted = cum <= 1 - p.top_p  # the low tail whose mass is under 1 - top_p
+        drop_sorted[..., -1] = False  # always keep the most likely token
+        x = x.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return x.softmax(-1)
+
+
+def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw from (V,) ``probs`` with a uniform ``u`` in [0, 1)."""
+    cdf = probs.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1)).clamp(max=probs.numel() - 1)
+    return idx[0]
+
+
+def verify_sample(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tensor, u_accept: torch.Tensor,
+                  u_bonus: torch.Tensor, renormalise: bool = True) -> Verdict:
+    """Exact tree verification when the drafts are deterministic (each child a distinct top-k token).
+
+    Walk from the root; at each node try its children in order: accept child c with the residual
+    target probability r(c); on rejection set r(c) = 0 and renormalise. When no child is accepted,
+    the bonus token is drawn from the residual. The emitted tokens then follow the target's
+    processed distribution exactly. ``u_accept`` (N,) holds one uniform per node (used when that
+    node is tried), ``u_bonus`` one for the final draw. ``renormalise=False`` exists only so tests
+    can show that a biased verifier is caught.
+    """
+    parents = buffers.parents.tolist()
+    toks = tokens.tolist()
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(parents[1:], start=1):
+        children.setdefault(p, []).append(i)
+    path, node = [0], 0
+    while True:
+        r = probs[node].clone()  # residual distribution at this node
+        nxt = None
+        for c in children.get(node, []):
+            if u_accept[c] * r.sum() < r[toks[c]]:  # accept with probability r(c) / sum(r)
+                nxt = c
+                break
+            if renormalise:
+                r[toks[c]] = 0
+        if nxt is None:
+            return Verdict(torch.tensor(path, device=tokens.device), sample_from(r, u_bonus))
+        path.append(nxt)
+        node = nxt

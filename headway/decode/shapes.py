@@ -1,0 +1,272 @@
+"""Tree shapes: chain, static (Medusa-style rank paths) and dynamic (EAGLE-2).
+
+A shape decides which draft candidates become tree nodes. Drafting itself is delegated to a
+``Proposer`` (Medusa heads or an EAGLE drafter) through two calls:
+
+* ``root_logprobs()`` -> (V,) the draft distribution over the root's children (depth 1);
+* ``expand(parent_rows, tokens, depth)`` -> (n, V) the distributions over the children of n
+  nodes at ``depth`` with target-space ``tokens``; ``parent_rows`` gives each node's parent as a
+  row of the previous ``expand`` call (all 0 at depth 1: the root), so a drafter can attend to
+  each node's ancestors and feed on its parent's output.
+
+Token ids in logprobs are *draft* ids; ``proposer.to_target_ids`` maps them (EAGLE-3's reduced vocab).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+from .tree import TreeBuffers
+
+# Medusa's published 63-path tree for Vicuna-7B ("mc_sim_7b_63"): each path lists the top-k rank
+# chosen at each depth. With the root it has 64 nodes.
+MC_SIM_7B_63: list[tuple[int, ...]] = [
+    (0,), (0, 0), (1,), (0, 1), (2,), (0, 0, 0), (1, 0), (0, 2), (3,), (0, 3), (4,), (0, 4), (2, 0), (0, 5),
+    (0, 0, 1), (5,), (0, 6), (6,), (0, 7), (0, 1, 0), (1, 1), (7,), (0, 8), (0, 0, 2), (3, 0), (0, 9), (8,), (9,),
+    (1, 0, 0), (0, 2, 0), (1, 2), (0, 0, 3), (4, 0), (2, 1), (0, 0, 4), (0, 0, 5), (0, 0, 0, 0), (0, 1, 1),
+    (0, 0, 6), (0, 3, 0), (5, 0), (1, 3), (0, 0, 7), (0, 0, 8), (0, 0, 9), (6, 0), (0, 4, 0), (1, 4), (7, 0),
+    (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0),
+    (0, 0, 0, 1), (1, 6), (0, 7, 0),
+]
+
+
+class Proposer(Protocol):
+    max_depth: int | None
+
+    def root_logprobs(self) -> torch.Tensor: ...
+
+    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor: ...
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass
+class DraftTree:
+    """One step's tree: target-space tokens (root first) plus its buffers."""
+
+    tokens: torch.Tensor  # (N,) target token ids; tokens[0] is the root
+    buffers: TreeBuffers
+    draft_ids: torch.Tensor | None = None  # (N,) draft-vocab ids (root: -1), for sampling verification
+
+
+# ---------------------------------------------------------------------------------------------
+# Static shapes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StaticShape:
+    """A fixed tree given as rank paths; node i's token is the rank-r child of its parent."""
+
+    paths: list[tuple[int, ...]]
+    name: str = "static"
+    parents: torch.Tensor = field(init=False)
+    ranks: torch.Tensor = field(init=False)
+    buffers: TreeBuffers = field(init=False)
+
+    def __post_init__(self) -> None:
+        paths = set()
+        for p in self.paths:  # close under prefixes so every node has its parent
+            p = tuple(int(r) for r in p)
+            if any(r < 0 for r in p):
+                raise ValueError(f"tree path {p} has a negative rank")
+            paths.update(p[:i] for i in range(1, len(p) + 1))
+        ordered = sorted(paths, key=lambda p: (len(p), p))
+        index = {(): 0}
+        parents, ranks = [-1], [0]
+        for p in ordered:
+            index[p] = len(parents)
+            parents.append(index[p[:-1]])
+            ranks.append(p[-1])
+        self.paths = ordered
+        self.parents = torch.tensor(parents, dtype=torch.long)
+        self.ranks = torch.tensor(ranks, dtype=torch.long)
+        self.buffers = TreeBuffers.build(self.parents)
+
+    @property
+    def size(self) -> int:
+        return self.parents.numel()
+
+    @property
+    def depth(self) -> int:
+        return self.buffers.max_depth
+
+    def truncated(self, max_depth: int) -> "StaticShape":
+        return StaticShape([p for p in self.paths if len(p) <= max_depth], name=f"{self.name}[:{max_depth}]")
+
+
+def chain(depth: int) -> StaticShape:
+    """A single path of top-1 drafts."""
+    return StaticShape([(0,) * d for d in range(1, depth + 1)], name=f"chain-{depth}")
+
+
+def mc_sim_7b_63() -> StaticShape:
+    return StaticShape(list(MC_SIM_7B_63), name="mc_sim_7b_63")
+
+
+def from_accuracies(topk_acc: Sequence[Sequence[float]], num_nodes: int) -> StaticShape:
+    """Medusa's construction from measured accuracy: ``topk_acc[d][r]`` is the probability that
+    the rank-r draft at depth d+1 is right. Greedily add the path with the highest product of
+    accuracies (the expected gain of adding it) until the tree has ``num_nodes`` non-root nodes."""
+    acc = [list(map(float, a)) for a in topk_acc]
+    chosen: dict[tuple[int, ...], float] = {}
+    frontier = {(r,): acc[0][r] for r in range(len(acc[0]))}
+    while len(chosen) < num_nodes and frontier:
+        best = max(frontier, key=lambda p: (frontier[p], -len(p)))
+        score = frontier.pop(best)
+        chosen[best] = score
+        d = len(best)
+        if d < len(acc):
+            for r in range(len(acc[d])):
+                frontier[best + (r,)] = score * acc[d][r]
+    return StaticShape(list(chosen), name=f"measured-{num_nodes}")
+
+
+@dataclass
+class _Level:
+    nodes: torch.Tensor  # (n_d,) node ids at this depth
+    k: int  # top-k needed from each parent's distribution
+    parent_row: torch.Tensor  # (n_d,) row of each node's parent in the previous level's logprobs
+    ranks: torch.Tensor  # (n_d,)
+    expand: torch.Tensor  # node ids at this depth that have children (they get expanded next)
+    expand_parent_row: torch.Tensor  # row of each expanded node's parent in the previous expand call
+
+
+def _levels(shape: StaticShape, device: torch.device) -> list[_Level]:
+    """Per-depth index tensors of a static shape, built once per device (no syncs while drafting)."""
+    cached = shape.__dict__.setdefault("_levels_cache", {})
+    if device not in cached:
+        b, out = shape.buffers, []
+        has_child = torch.zeros(shape.size, dtype=torch.bool)
+        has_child[b.parents[1:]] = True
+        frontier = torch.zeros(1, dtype=torch.long)
+        for d in range(1, shape.depth + 1):
+            nodes = (b.depth == d).nonzero().squeeze(1)
+            row = torch.searchsorted(frontier, b.parents[nodes])
+            expand = nodes[has_child[nodes]]
+            out.append(_Level(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in
+                                (nodes, int(shape.ranks[nodes].max()) + 1, row, shape.ranks[nodes], expand,
+                                 row[has_child[nodes]]))))
+            frontier = expand
+        cached[device] = (out, b.to(device))
+    return cached[device]
+
+
+def build_static(shape: StaticShape, proposer: Proposer, root_token: torch.Tensor) -> DraftTree:
+    """Fill the fixed shape level by level; only nodes with children are expanded."""
+    levels, b = _levels(shape, root_token.device)
+    draft = torch.full((shape.size,), -1, dtype=torch.long, device=root_token.device)
+    logp = proposer.root_logprobs()[None]  # (1, V): the root's children distribution
+    for d, lv in enumerate(levels, start=1):
+        top = logp.topk(lv.k, dim=-1).indices  # (n_parents, k)
+        draft[lv.nodes] = top[lv.parent_row, lv.ranks]
+        if d == len(levels):
+            break
+        logp = proposer.expand(lv.expand_parent_row, proposer.to_target_ids(draft[lv.expand]), d)
+    tokens = proposer.to_target_ids(draft.clamp(min=0))
+    tokens[0] = root_token
+    return DraftTree(tokens, b, draft)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic shape (EAGLE-2)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DynamicShape:
+    """EAGLE-2: per depth expand the ``top_k`` nodes with the best cumulative draft log-probability,
+    then keep the best ``total_tokens`` (root included) of all candidates as the tree."""
+
+    top_k: int = 8
+    depth: int = 6
+    total_tokens: int = 48
+    name: str = "dynamic"
+
+    @property
+    def size(self) -> int:
+        return self.total_tokens
+
+
+def build_dynamic(shape: DynamicShape, proposer: Proposer, root_token: torch.Tensor) -> DraftTree:
+    dev = root_token.device
+    k = shape.top_k
+    max_depth = min(shape.depth, proposer.max_depth or shape.depth)
+    # candidate pool; index 0 is the root
+    lp, ids = proposer.root_logprobs().topk(k)  # (k,)
+    pool_draft = [torch.full((1,), -1, dtype=torch.long, device=dev), ids]
+    pool_parent = [torch.full((1,), -1, dtype=torch.long, device=dev), torch.zeros(k, dtype=torch.long, device=dev)]
+    pool_score = [torch.zeros(1, device=dev, dtype=lp.dtype), lp]
+    frontier, frontier_score, n = torch.arange(1, k + 1, device=dev), lp, 1 + k
+    frontier_row = torch.zeros(k, dtype=torch.long, device=dev)  # depth-1 nodes hang off the root
+    for d in range(1, max_depth):
+        draft_all = torch.cat(pool_draft)
+        logp = proposer.expand(frontier_row, proposer.to_target_ids(draft_all[frontier]), d)
+        c_lp, c_ids = logp.topk(k, dim=-1)  # (k_frontier, k)
+        scores = (frontier_score[:, None] + c_lp).flatten()  # cumulative log-prob of each child
+        pool_draft.append(c_ids.flatten())
+        pool_parent.append(frontier.repeat_interleave(k))
+        pool_score.append(scores)
+        best = scores.topk(min(k, scores.numel())).indices
+        frontier, frontier_score, frontier_row = n + best, scores[best], best // k
+        n += scores.numel()
+    draft, parent, score = torch.cat(pool_draft), torch.cat(pool_parent), torch.cat(pool_score)
+    return select_tree(draft, parent, score, shape.total_tokens, proposer, root_token)
+
+
+def select_tree(draft: torch.Tensor, parent: torch.Tensor, score: torch.Tensor, total: int, proposer: Proposer,
+                root_token: torch.Tensor) -> DraftTree:
+    """Keep the root and the best ``total - 1`` candidates. A child's cumulative score never exceeds
+    its parent's, so the best set is closed under parents; ties are broken towards earlier (shallower)
+    candidates, and any parent still missing is added to keep the tree valid."""
+    n = draft.numel()
+    order = torch.arange(n, device=draft.device, dtype=score.dtype)
+    key = score.clone() - order * 1e-9  # stable tie-break: earlier candidates first
+    key[0] = float("inf")
+    keep = key.topk(min(total, n)).indices.sort().values
+    kept = torch.zeros(n, dtype=torch.bool, device=draft.device)
+    kept[keep] = True
+    missing = kept & ~kept[parent.clamp(min=0)]
+    missing[0] = False
+    while missing.any():  # rare: only on exact float ties
+        kept[parent[missing]] = True
+        missing = kept & ~kept[parent.clamp(min=0)]
+        missing[0] = False
+    keep = kept.nonzero().squeeze(1)
+    remap = torch.full((n,), -1, dtype=torch.long, device=draft.device)
+    remap[keep] = torch.arange(keep.numel(), device=draft.device)
+    parents = torch.where(parent[keep] >= 0, remap[parent[keep].clamp(min=0)], parent[keep])
+    tokens = proposer.to_target_ids(draft[keep].clamp(min=0))
+    tokens[0] = root_token
+    return DraftTree(tokens, TreeBuffers.build(parents), draft[keep])
+
+
+TreeShape = StaticShape | DynamicShape
+
+
+def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor) -> DraftTree:
+    if isinstance(shape, StaticShape):
+        return build_static(shape, proposer, root_token)
+    return build_dynamic(shape, proposer, root_token)
+
+
+def parse_shape(spec: str) -> TreeShape:
+    """``chain-4`` | ``mc_sim_7b_63`` | ``static:[[0],[0,0],[1]]`` | ``dynamic`` | ``dynamic-8-6-48``
+    (top_k, depth, total_tokens)."""
+    import json
+
+    spec = spec.strip()
+    if spec.startswith("chain"):
+        return chain(int(spec.partition("-")[2] or 4))
+    if spec == "mc_sim_7b_63":
+        return mc_sim_7b_63()
+    if spec.startswith("static:"):
+        return StaticShape([tuple(p) for p in json.loads(spec[7:])])
+    if spec.startswith("dynamic"):
+        parts = [int(x) for x in spec.split("-")[1:]]
+        return DynamicShape(*parts) if parts else DynamicShape()
+    raise ValueError(f"unknown tree '{spec}'; use chain-N, mc_sim_7b_63, static:[[0],[0,0],...] "
+                     "or dynamic[-TOPK-DEPTH-TOTAL]")

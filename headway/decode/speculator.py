@@ -1,0 +1,342 @@
+"""The generation loop: a stock transformers target + trained heads -> the target's own output, faster.
+
+Each step: the proposer drafts a tree rooted at the last emitted token; one target forward
+verifies every node (float 4-D tree mask, explicit position ids, the model's cache object);
+the longest agreeing path plus one bonus token is emitted; the cache keeps the accepted entries.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from ..errors import HeadwayError
+from ..heads import HeadsBase, load_heads
+from .kv import keep_accepted
+from .proposers import EagleProposer, hidden_index, make_proposer
+from .sampling import SamplingParams, processed_probs, sample_from, verify_sample
+from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, parse_shape
+from .tree import additive_mask
+from .verify import Verdict, verify_greedy
+
+
+class DecodeError(HeadwayError):
+    pass
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0  # verification forwards (prefill not counted)
+    accepted_per_depth: list[int] = field(default_factory=list)  # how often depth d+1 was accepted
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_bookkeeping: float = 0.0
+    time_total: float = 0.0
+    stopped_by: str = ""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target forward (bonus included); the first token comes from prefill."""
+        return (self.new_tokens - 1) / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total else 0.0
+
+    def summary(self) -> str:
+        other = self.time_total - self.time_prefill - self.time_draft - self.time_verify
+        return (f"{self.new_tokens} tokens in {self.time_total:.2f}s ({self.tokens_per_s:.1f} tok/s), "
+                f"tau {self.tau:.2f} over {self.target_forwards} target forwards; time: draft "
+                f"{self.time_draft:.2f}s, verify {self.time_verify:.2f}s, other {other:.2f}s")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tau": self.tau, "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass
+class GenerationOutput:
+    ids: list[int]  # new tokens only
+    text: str
+    stats: GenerationStats
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Speculator:
+    """Target + heads + tree shape. ``generate`` returns exactly what the target would: greedy
+    output equals ``model.generate(do_sample=False)``; sampling follows the target's distribution."""
+
+    def __init__(self, target: nn.Module, tokenizer: Any, heads: HeadsBase, tree: TreeShape | str | None = None,
+                 max_depth: int | None = None) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.heads = heads.to(device=self.device).eval()
+        self.proposer = make_proposer(heads, max_depth)
+        self.tree = self._default_tree(tree)
+        L = int(target.config.num_hidden_layers)
+        self._layers = [hidden_index(i, L) for i in self.proposer.feature_layers]
+        self._shape_cache: dict[int, TreeShape] = {}
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, target: str | nn.Module, heads: str | Path | HeadsBase, tokenizer: Any = None,
+                        tree: TreeShape | str | None = None, dtype: str | torch.dtype | None = "float32",
+                        device: str | torch.device | None = None, adapter: str | None = None,
+                        max_depth: int | None = None) -> "Speculator":
+        from ..target import load_target
+
+        if isinstance(target, (str, Path)):
+            if adapter is None and not isinstance(heads, HeadsBase):
+                adapter = _adapter_of(heads)
+            target, tok = load_target(str(target), dtype=dtype, device=device, adapter=adapter)
+            tokenizer = tokenizer or tok
+        if tokenizer is None:
+            raise DecodeError("a tokenizer is needed when the target is given as a model object")
+        if not isinstance(heads, HeadsBase):
+            heads = load_heads(heads, target=target)
+        else:
+            heads.attach(target)
+        if tree is None:
+            tree = (heads.metadata.get("decode") or {}).get("tree")
+        return cls(target, tokenizer, heads, tree, max_depth)
+
+    def _default_tree(self, tree: TreeShape | str | None) -> TreeShape:
+        if isinstance(tree, str):
+            tree = parse_shape(tree)
+        if tree is None:
+            tree = chain(self.proposer.max_depth) if isinstance(self.proposer.max_depth, int) and \
+                not isinstance(self.proposer, EagleProposer) else DynamicShape(top_k=4, depth=5, total_tokens=16)
+        cap = self.proposer.max_depth
+        if cap is not None:
+            if isinstance(tree, StaticShape) and tree.depth > cap:
+                tree = tree.truncated(cap)
+            if isinstance(tree, DynamicShape) and tree.depth > cap:
+                tree = DynamicShape(tree.top_k, cap, tree.total_tokens)
+        return tree
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.target.parameters()).dtype
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+
+    # -- prompts and stops ---------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int] | torch.Tensor | list[dict], chat: bool | None = None) -> torch.Tensor:
+        tok = self.tokenizer
+        if isinstance(prompt, torch.Tensor):
+            ids = prompt.reshape(-1).tolist()
+        elif isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
+            has_template = bool(getattr(tok, "chat_template", None))
+            if isinstance(prompt, list) or (chat if chat is not None else False) and has_template:
+                if not has_template:
+                    raise DecodeError("messages need a chat template, and this tokenizer has none")
+                msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+                ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            else:
+                ids = tok(prompt)["input_ids"]
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise DecodeError("the prompt is empty")
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+    def _eos_ids(self) -> set[int]:
+        eos = getattr(self.target.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+        return set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+
+    def _shape_for(self, room: int) -> TreeShape:
+        """The tree, shrunk so that its deepest node stays inside the context window."""
+        tree = self.tree
+        depth = tree.depth
+        if room >= depth:
+            return tree
+        if room not in self._shape_cache:
+            self._shape_cache[room] = tree.truncated(room) if isinstance(tree, StaticShape) else \
+                DynamicShape(tree.top_k, max(room, 1), tree.total_tokens)
+        return self._shape_cache[room]
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, cache: DynamicCache, **kw: Any) -> Any:
+        return self.target(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=self._layers, **kw)
+
+    def _features(self, out: Any, index: torch.Tensor | slice) -> list[torch.Tensor]:
+        return [out.hidden_states[i][0, index] for i in self._layers]
+
+    @torch.inference_mode()
+    def stream(self, prompt: Any, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, stop: Sequence[str] = (), seed: int | None = None, chat: bool | None = None,
+               stats: GenerationStats | None = None) -> Iterator[list[int]]:
+        """Yield the newly emitted token ids after every step (the first list comes from prefill)."""
+        stats = stats if stats is not None else GenerationStats()
+        params = SamplingParams(temperature, top_k, top_p)
+        gen = torch.Generator(device="cpu")
+        if seed is not None:
+            gen.manual_seed(seed)
+        input_ids = self.encode(prompt, chat)
+        n = input_ids.shape[1]
+        if n >= self.max_positions:
+            raise DecodeError(f"the prompt has {n} tokens; the target's context is {self.max_positions}")
+        max_new_tokens = min(max_new_tokens, self.max_positions - n)
+        stats.prompt_tokens = n
+        eos = self._eos_ids()
+        dev = self.device
+        t_start = time.perf_counter()
+
+        cache = DynamicCache(config=self.target.config)
+        out = self._forward(input_ids, cache)
+        first = self._choose(out.logits[0, -1], params, gen)
+        self.proposer.prefill(input_ids, [f[None] for f in self._features(out, slice(None))], first)
+        _sync(dev)
+        stats.time_prefill = time.perf_counter() - t_start
+        emitted: list[int] = [int(first)]
+        stats.new_tokens = 1
+        text_tail = ""
+        yield emitted[:]
+        done = self._stopped(emitted, eos, max_new_tokens, stats)
+        P = n
+        while not done:
+            t0 = time.perf_counter()
+            shape = self._shape_for(self.max_positions - 1 - P)
+            tree = build_tree(shape, self.proposer, torch.tensor(emitted[-1], device=dev))
+            if isinstance(self.proposer, EagleProposer):
+                self.proposer.end_tree()
+            _sync(dev)
+            t1 = time.perf_counter()
+            b = tree.buffers
+            out = self._forward(tree.tokens[None], cache, position_ids=(b.depth + P)[None],
+                                attention_mask=additive_mask(b.visible, P, self.dtype))
+            _sync(dev)
+            t2 = time.perf_counter()
+            verdict = self._verify(tree.tokens, b, out.logits[0], params, gen)
+            keep_accepted(cache, P, b.size, verdict.nodes)
+            path_tokens = torch.cat([tree.tokens[verdict.nodes], verdict.bonus.view(1)])
+            self.proposer.accept(path_tokens, self._features(out, verdict.nodes), P)
+            new = path_tokens[1:].tolist()
+            P += verdict.nodes.numel()
+            stats.target_forwards += 1
+            _record_depths(stats, verdict)
+            before = len(emitted)
+            emitted += new[: max_new_tokens - before]
+            stats.new_tokens = len(emitted)
+            done = self._stopped(emitted, eos, max_new_tokens, stats, len(emitted) - before)
+            new = emitted[before:]
+            if stop and not done:
+                text_tail, done = self._stop_strings(emitted, stop, stats)
+            _sync(dev)
+            t3 = time.perf_counter()
+            stats.time_draft += t1 - t0
+            stats.time_verify += t2 - t1
+            stats.time_bookkeeping += t3 - t2
+            yield new
+        stats.time_total = time.perf_counter() - t_start
+
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+        if params.greedy:
+            return logits.argmax(-1)
+        return sample_from(processed_probs(logits, params), torch.rand((), generator=gen).to(logits.device))
+
+    def _verify(self, tokens: torch.Tensor, b: Any, logits: torch.Tensor, params: SamplingParams,
+                gen: torch.Generator) -> Verdict:
+        if params.greedy:
+            return verify_greedy(tokens, b, logits)
+        u = torch.rand(b.size + 1, generator=gen).to(logits.device)
+        return verify_sample(tokens, b, processed_probs(logits, params), u[:-1], u[-1])
+
+    @staticmethod
+    def _stopped(emitted: list[int], eos: set[int], max_new: int, stats: GenerationStats, n_new: int = 1) -> bool:
+        """Cut after the first EOS among the newly emitted tokens; stop at the length limit."""
+        for i in range(len(emitted) - n_new, len(emitted)):
+            if emitted[i] in eos:
+                del emitted[i + 1:]
+                stats.new_tokens = len(emitted)
+                stats.stopped_by = "eos"
+                return True
+        if len(emitted) >= max_new:
+            stats.stopped_by = "length"
+            return True
+        return False
+
+    def _stop_strings(self, emitted: list[int], stop: Sequence[str], stats: GenerationStats) -> tuple[str, bool]:
+        text = self.tokenizer.decode(emitted)
+        hits = [text.find(s) for s in stop if s in text]
+        if not hits:
+            return text, False
+        stats.stopped_by = "stop"
+        return text[: min(hits)], True
+
+    def generate(self, prompt: Any, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, stop: Sequence[str] = (), seed: int | None = None, stream: bool = False,
+                 chat: bool | None = None) -> GenerationOutput | Iterator[str]:
+        """Generate up to ``max_new_tokens``; ``stream=True`` returns an iterator of text pieces."""
+        stats = GenerationStats()
+        steps = self.stream(prompt, max_new_tokens, temperature, top_p, top_k, stop, seed, chat, stats)
+        if stream:
+            return self._text_stream(steps, stop)
+        ids: list[int] = []
+        for new in steps:
+            ids += new
+        ids = ids[: stats.new_tokens]
+        text = self.tokenizer.decode(ids)
+        if stop:
+            cut = [text.find(s) for s in stop if s in text]
+            text = text[: min(cut)] if cut else text
+        return GenerationOutput(ids, text, stats)
+
+    def _text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
+        ids: list[int] = []
+        shown = 0
+        for new in steps:
+            ids += new
+            text = self.tokenizer.decode(ids)
+            cut = [text.find(s) for s in stop if s in text]
+            if cut:
+                text = text[: min(cut)]
+            if len(text) > shown and not text.endswith("\ufffd"):
+                yield text[shown:]
+                shown = len(text)
+            if cut:
+                return
+
+
+def _record_depths(stats: GenerationStats, verdict: Verdict) -> None:
+    m = verdict.accepted
+    while len(stats.accepted_per_depth) < m:
+        stats.accepted_per_depth.append(0)
+    for d in range(m):
+        stats.accepted_per_depth[d] += 1
+
+
+def _adapter_of(heads: str | Path) -> str | None:
+    """Medusa-2 checkpoints record a LoRA adapter that must be merged into the target."""
+    import json
+
+    p = Path(heads).expanduser()
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        return None
+    adapter = (json.loads(cfg_file.read_text()).get("metadata") or {}).get("adapter")
+    if adapter:
+        a = Path(adapter)
+        return str(a if a.is_absolute() else p / a)
+    return None
