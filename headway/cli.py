@@ -26,6 +26,10 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "target build": Command("Build (or reuse from cache) the demo target: a small Llama trained on the stdlib source.",
                             "headway.demo_target:TargetBuildConfig", "headway.demo_target:build_cli"),
+    "import": Command("Import a reference checkpoint (FasterDecoding Medusa, EAGLE-1/EAGLE-3 layouts) as native heads.",
+                      "headway.heads.importers:ImportConfig", "headway.heads.importers:import_cli"),
+    "train": Command("Train Medusa / EAGLE heads on the frozen target (= accelerate launch -m headway.train).",
+                     "headway.train.config:TrainConfig", "headway.train.loop:train_cli"),
 }
 
 

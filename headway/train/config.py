@@ -104,6 +104,9 @@ class TrainConfig:
     seed: int = opt(0, "seed for initialisation, data order and the eval split")
     max_steps: int | None = opt(None, "stop after this many optimiser steps (overrides epochs)")
     epochs: float = opt(1.0, "passes over the training data when max_steps is not set")
+    stop_after: int | None = opt(None, "stop after this optimiser step as if interrupted (checkpoint saved, no final "
+                                       "heads); the schedule still plans for max_steps/epochs, so resume_from=latest "
+                                       "continues the same run (for time-boxed sessions)")
     batch_size: int = opt(8, "rows per process per micro-batch")
     grad_accum: int = opt(1, "micro-batches per optimiser step (global batch = batch_size * processes * grad_accum)")
     mixed_precision: str = opt("no", "accelerate mixed precision: no, bf16, fp16, or auto (bf16 where the GPU "
@@ -120,6 +123,7 @@ class TrainConfig:
     eval_max_batches: int | None = opt(None, "cap on evaluation batches per evaluation")
     num_workers: int = opt(0, "dataloader worker processes")
     progress: bool = opt(True, "rich progress bar on the main process")
+    optim: OptimConfig = field(default_factory=OptimConfig)
     medusa: MedusaOptions = field(default_factory=MedusaOptions)
     lora: LoraOptions = field(default_factory=LoraOptions)
     eagle: EagleOptions = field(default_factory=EagleOptions)

@@ -26,7 +26,7 @@ schedule, checkpoints, trackers and evaluation. Each step it runs the target onc
                                                     #   runs it with grad and trains it too
         def feature_layers(self, heads) -> list[int]
         def needs_logits(self) -> bool
-        def param_groups(self, heads, target) -> list[ParamGroup]  # (name, params, lr multiplier)
+        def param_groups(self, heads, target) -> list[ParamGroup]  # (name, params, lr_mult, start_step)
         def loss(self, heads, tb, step) -> tuple[Tensor, dict[str, Tensor]]  # metrics: 0-d tensors,
                                                     #   no .item() (the loop syncs at log_every)
         def eval_stats(self, heads, tb) -> dict[str, Tensor]   # *sums* over the batch (fixed shapes);
@@ -61,7 +61,8 @@ from .metrics import chain_acceptance, medusa_eval_stats, summarize_heads
 class ParamGroup:
     name: str
     params: list[nn.Parameter]
-    lr_mult: float = 1.0
+    lr_mult: float = 1.0  # this group's lr = optim.lr * lr_mult
+    start_step: int = 0  # lr is 0 before this optimiser step (Medusa-2's heads-only warm-up)
 
 
 class Task(Protocol):
@@ -130,7 +131,7 @@ class MedusaTask:
         return summarize_heads(stats, self.opts.topk)
 
     def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None:
-        heads.save_pretrained(out_dir / "heads")
+        heads.save_pretrained(out_dir)
 
 
 def quality_weight(step: int, heads_only_steps: int, ramp_steps: int, weight: float) -> float:
@@ -141,6 +142,17 @@ def quality_weight(step: int, heads_only_steps: int, ramp_steps: int, weight: fl
     if ramp_steps <= 0:
         return weight
     return weight * min(1.0, (step - heads_only_steps + 1) / ramp_steps)
+
+
+ADAPTER_SUBFOLDER = "adapter"
+
+
+def adapter_path(heads_dir: str | Path) -> Path | None:
+    """The PEFT adapter a heads checkpoint needs on its target (Medusa-2), or None."""
+    import json
+
+    meta = json.loads((Path(heads_dir) / "config.json").read_text()).get("metadata") or {}
+    return Path(heads_dir) / meta["adapter"]["subfolder"] if meta.get("adapter") else None
 
 
 class Medusa2Task(MedusaTask):
@@ -171,7 +183,7 @@ class Medusa2Task(MedusaTask):
     def param_groups(self, heads: HeadsBase, target: nn.Module) -> list[ParamGroup]:
         lora = [p for p in target.parameters() if p.requires_grad]
         return [ParamGroup("heads", [p for p in heads.parameters() if p.requires_grad], self.cfg.optim.head_lr_mult),
-                ParamGroup("target", lora, 1.0)]
+                ParamGroup("target", lora, 1.0, start_step=self.lora.heads_only_steps)]
 
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         head_loss, metrics = self.head_loss(heads, tb)
@@ -187,11 +199,12 @@ class Medusa2Task(MedusaTask):
         return hw * head_loss + w * quality, metrics
 
     def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None:
-        adapter = out_dir / "adapter"
-        target.save_pretrained(str(adapter))
-        heads.metadata["adapter"] = {"path": "../adapter", "note": "load the target with "
-                                     "headway.target.load_target(target, adapter=<this folder>/../adapter)"}
-        heads.save_pretrained(out_dir / "heads")
+        """Heads in ``out_dir`` (their metadata names the adapter), the PEFT adapter in ``out_dir/adapter``:
+        ``load_target(target, adapter=out_dir / "adapter")`` gives the target these heads were trained on."""
+        heads.metadata["adapter"] = {"subfolder": ADAPTER_SUBFOLDER, "kind": "lora", "r": self.lora.r,
+                                     "alpha": self.lora.alpha, "target_modules": list(self.lora.target_modules)}
+        heads.save_pretrained(out_dir)  # replaces out_dir atomically, so the adapter goes in after
+        target.save_pretrained(str(out_dir / ADAPTER_SUBFOLDER))
 
 
 def _next_labels(tb: TargetBatch) -> Tensor:

@@ -1,0 +1,455 @@
+"""The one training loop, on accelerate: parse -> build -> train -> save.
+
+The frozen target is moved to the device and never wrapped; only the trainable module
+(heads, plus the target's LoRA for Medusa-2), optimiser, scheduler and training dataloader
+go through ``accelerator.prepare``. What differs per head kind is a ``Task`` (tasks.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..config import to_dict
+from ..errors import HeadwayError
+from .batch import collate, target_batch
+from .checkpoints import read_state, resolve_resume, save_checkpoint
+from .config import OptimConfig, TrainConfig
+from .losses import IGNORE_INDEX, medusa_labels
+from .tasks import TASKS, ParamGroup, Task
+
+
+class TrainError(HeadwayError):
+    """Training cannot start as configured; the message says why."""
+
+
+# -- data ------------------------------------------------------------------------------------
+class EpochView(Dataset):
+    """Rows of ``epochs`` passes over ``rows``, each pass in its own seeded order.
+
+    A flat, sequential index makes the data order a pure function of (seed, step): resuming
+    skips batches, and 1 or N processes see the same global batches."""
+
+    def __init__(self, rows: Any, seed: int, epochs: int) -> None:
+        self.rows, self.seed, self.epochs, self.n = rows, seed, epochs, len(rows)
+        self._perms: dict[int, list[int]] = {}
+
+    def __len__(self) -> int:
+        return self.n * self.epochs
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._perms[epoch] = torch.randperm(self.n, generator=g).tolist()
+        return self._perms[epoch]
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.rows[self._perm(i // self.n)[i % self.n]]
+
+
+def load_rows(path: str) -> Any:
+    from ..data.distill import load_distilled
+
+    if not path:
+        raise TrainError("no training data: set data=PATH to a distilled dataset (headway distill makes one)")
+    if not Path(path).expanduser().exists():
+        raise TrainError(f"training data not found: {path}")
+    return load_distilled(path).select_columns(["input_ids", "loss_mask"])
+
+
+def split_data(cfg: TrainConfig) -> tuple[Any, Any | None]:
+    rows = load_rows(cfg.data)
+    if cfg.eval_data:
+        return rows, load_rows(cfg.eval_data)
+    if cfg.eval_fraction <= 0 or len(rows) < 2:
+        return rows, None
+    parts = rows.train_test_split(test_size=max(1, round(cfg.eval_fraction * len(rows))), seed=cfg.seed)
+    return parts["train"], parts["test"]
+
+
+# -- the trained module ----------------------------------------------------------------------
+class TrainModule(nn.Module):
+    """What accelerate prepares: the heads (and the adapted target, when it trains). Its forward
+    runs the target and the task's loss, so DDP sees one forward per backward. A frozen target
+    is held outside the module tree: never DDP-wrapped, never saved."""
+
+    def __init__(self, task: Task, heads: nn.Module, target: nn.Module, adapted: bool) -> None:
+        super().__init__()
+        self.task, self.heads = task, heads
+        if adapted:
+            self.target = target
+        else:
+            object.__setattr__(self, "frozen_target", target)
+        self.adapted = adapted
+        self.layers = task.feature_layers(heads)
+
+    def run_target(self) -> nn.Module:
+        return self.target if self.adapted else self.frozen_target
+
+    def forward(self, batch: dict[str, Tensor], step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        tb = target_batch(self.run_target(), batch, self.layers, self.task.needs_logits(),
+                          need_ref=self.adapted, grad=self.adapted)
+        return self.task.loss(self.heads, tb, step)
+
+    @torch.no_grad()
+    def evaluate(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        need_logits = self.task.needs_logits() or self.adapted
+        tb = target_batch(self.run_target(), batch, self.layers, need_logits, need_ref=self.adapted)
+        stats = self.task.eval_stats(self.heads, tb)
+        if self.adapted:  # what adapting cost the target: its held-out LM loss with and without the adapter
+            stats.update(target_lm_stats(tb.logits, tb.ref_logits, tb.input_ids, tb.loss_mask))
+        return stats
+
+
+def target_lm_stats(logits: Tensor, ref_logits: Tensor, input_ids: Tensor, loss_mask: Tensor) -> dict[str, Tensor]:
+    """Summed next-token cross-entropy of the adapted and the base target on target-written tokens."""
+    labels = medusa_labels(input_ids, loss_mask, 1, offset=1)[0]  # (B, T)
+    flat = labels.flatten()
+    ce = torch.nn.functional.cross_entropy
+    return {"target_ce_sum": ce(logits.flatten(0, 1).float(), flat, ignore_index=IGNORE_INDEX, reduction="sum"),
+            "base_ce_sum": ce(ref_logits.flatten(0, 1).float(), flat, ignore_index=IGNORE_INDEX, reduction="sum"),
+            "target_ce_count": (flat != IGNORE_INDEX).sum()}
+
+
+# -- optimiser and schedule ------------------------------------------------------------------
+def lr_factor(step: int, total: int, o: OptimConfig) -> float:
+    """Multiplier on the peak lr at optimiser step ``step`` (0-based): linear warm-up, then decay."""
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    if o.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+    if o.schedule == "linear":
+        return 1.0 - (1.0 - o.min_lr_ratio) * progress
+    return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(groups: list[ParamGroup], o: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW, one pair of param groups (decayed matrices / undecayed biases and norms) per ParamGroup."""
+    pgs = []
+    for g in groups:
+        decay = [p for p in g.params if p.ndim >= 2]
+        no_decay = [p for p in g.params if p.ndim < 2]
+        for ps, wd in ((decay, o.weight_decay), (no_decay, 0.0)):
+            pgs.append({"params": ps, "lr": o.lr * g.lr_mult, "weight_decay": wd, "name": g.name,
+                        "start_step": g.start_step})
+    return torch.optim.AdamW(pgs, lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, total: int, o: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(start: int) -> Callable[[int], float]:
+        return lambda step: 0.0 if step < start else lr_factor(step, total, o)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [factor(g["start_step"]) for g in optimizer.param_groups])
+
+
+# -- accelerate plumbing ---------------------------------------------------------------------
+def make_accelerator(cfg: TrainConfig) -> Any:
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import ProjectConfiguration
+
+    mp = cfg.mixed_precision
+    if mp == "auto":
+        mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    log_with = None if cfg.report_to == "none" else [cfg.report_to]
+    return Accelerator(mixed_precision=mp, log_with=log_with, step_scheduler_with_optimizer=False,
+                       project_config=ProjectConfiguration(project_dir=cfg.output_dir,
+                                                           logging_dir=str(Path(cfg.output_dir) / "logs")),
+                       dataloader_config=DataLoaderConfiguration(even_batches=True))
+
+
+def trainable_only_hook(models: list[nn.Module], weights: list[dict[str, Tensor]], output_dir: str) -> None:
+    """Save only what trains (+ head buffers): a Medusa-2 checkpoint must not copy the whole target."""
+    for model, w in zip(models, weights):
+        keep = {n for n, p in model.named_parameters() if p.requires_grad}
+        keep |= {n for n, _ in model.named_buffers() if ".heads." in f".{n}" or n.startswith("heads.")}
+        for k in [k for k in w if k not in keep]:
+            del w[k]
+
+
+def total_steps(cfg: TrainConfig, n_rows: int, world: int) -> int:
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    return max(1, math.ceil(cfg.epochs * n_rows / (cfg.batch_size * world * cfg.grad_accum)))
+
+
+def run_name(cfg: TrainConfig) -> str:
+    return cfg.run_name or Path(cfg.output_dir).resolve().name
+
+
+def tracker_config(cfg: TrainConfig) -> dict[str, Any]:
+    """Flat scalars for trackers (tensorboard's hparams take no lists or dicts)."""
+    flat: dict[str, Any] = {}
+
+    def walk(d: dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            else:
+                flat[prefix + k] = v if isinstance(v, (int, float, str, bool)) else str(v)
+
+    walk(to_dict(cfg), "")
+    return flat
+
+
+def reduce_mean(accelerator: Any, values: dict[str, Tensor]) -> dict[str, float]:
+    """One sync point: stack, average over processes, ``.tolist()``."""
+    keys = sorted(values)
+    stacked = torch.stack([values[k].float().reshape(()) for k in keys]).to(accelerator.device)
+    stacked = accelerator.reduce(stacked, reduction="mean")
+    return dict(zip(keys, stacked.tolist()))
+
+
+# -- logging ---------------------------------------------------------------------------------
+class RunLog:
+    """``output_dir/log.jsonl`` (main process) + trackers + console."""
+
+    def __init__(self, accelerator: Any, path: Path, console: Any) -> None:
+        self.acc, self.path, self.console = accelerator, path, console
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records past the checkpoint (the interrupted run may have logged further)."""
+        if not self.acc.is_main_process or not self.path.is_file():
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in keep))
+
+    def write(self, record: dict[str, Any], tracker: dict[str, float] | None = None, text: str | None = None) -> None:
+        if tracker:
+            self.acc.log(tracker, step=record.get("step"))
+        if not self.acc.is_main_process:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if text and self.console is not None:
+            self.console.print(text)
+
+
+def eval_loader(rows: Any, cfg: TrainConfig, accelerator: Any, pad_id: int) -> DataLoader:
+    """This process's share of the held-out rows (row i goes to process i % world): exact sums, no padding."""
+    if len(rows) < accelerator.num_processes:
+        raise TrainError(f"the held-out set has {len(rows)} rows, fewer than the {accelerator.num_processes} "
+                         "processes; raise eval_fraction or give eval_data")
+    idx = list(range(accelerator.process_index, len(rows), accelerator.num_processes))
+    return DataLoader(rows.select(idx), batch_size=cfg.batch_size, shuffle=False,
+                      collate_fn=lambda b: collate(b, pad_id, cfg.max_length))
+
+
+def evaluate(module: TrainModule, loader: DataLoader, accelerator: Any, cfg: TrainConfig) -> dict[str, Any]:
+    was_training = module.training
+    module.eval()
+    totals: dict[str, Tensor] = {}
+    for i, batch in enumerate(loader):
+        if cfg.eval_max_batches is not None and i >= cfg.eval_max_batches:
+            break
+        with accelerator.autocast():
+            stats = module.evaluate(batch)
+        for k, v in stats.items():
+            totals[k] = totals[k] + v.detach() if k in totals else v.detach().clone()
+    totals = {k: accelerator.reduce(v.to(accelerator.device), reduction="sum").cpu() for k, v in sorted(totals.items())}
+    module.train(was_training)
+    out = module.task.summarize({k: v for k, v in totals.items() if not k.startswith(("target_ce", "base_ce"))})
+    if "target_ce_sum" in totals:
+        n = max(1, int(totals["target_ce_count"]))
+        out["target_loss"] = round(float(totals["target_ce_sum"]) / n, 5)
+        out["base_target_loss"] = round(float(totals["base_ce_sum"]) / n, 5)
+        out["target_loss_cost"] = round(out["target_loss"] - out["base_target_loss"], 5)
+    return out
+
+
+def eval_text(ev: dict[str, Any]) -> str:
+    top1 = " ".join(f"{x:.3f}" for x in ev["top1"])
+    extra = f" | target loss {ev['target_loss']:.4f} (base {ev['base_target_loss']:.4f})" if "target_loss" in ev else ""
+    return f"eval: top1 per head [{top1}] | chain tau {ev['tau']:.3f} over {ev['positions']} positions{extra}"
+
+
+def eval_scalars(ev: dict[str, Any]) -> dict[str, float]:
+    out = {"eval/tau": ev["tau"]}
+    for key, vals in ev.items():
+        if isinstance(vals, list) and key.startswith("top"):
+            out.update({f"eval/{key}_head{k}": v for k, v in enumerate(vals)})
+    for key in ("target_loss", "base_target_loss", "target_loss_cost"):
+        if key in ev:
+            out[f"eval/{key}"] = ev[key]
+    return out
+
+
+def progress_bar(enabled: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    TextColumn("{task.fields[info]}"), disable=not enabled)
+
+
+# -- the loop --------------------------------------------------------------------------------
+def train(cfg: TrainConfig) -> Path:
+    """Train heads as configured; returns the final heads folder (or the checkpoint, if stopped early)."""
+    from ..data.targets import resolve_target_path
+    from ..target import load_target
+
+    accelerator = make_accelerator(cfg)
+    with accelerator.main_process_first():  # the demo target builds once, then everyone reads it
+        target_path = resolve_target_path(cfg.target)
+    target, tokenizer = load_target(target_path, dtype=cfg.target_dtype, device=accelerator.device)
+    return fit(cfg, target, tokenizer, accelerator)
+
+
+def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = None) -> Path:
+    """``train`` on a target already loaded (frozen; moved to the accelerator's device, never wrapped)."""
+    from accelerate.utils import set_seed
+
+    if cfg.kind not in TASKS:  # the EAGLE tasks register themselves in TASKS on import
+        import importlib
+
+        try:
+            importlib.import_module(".eagle", __package__)
+        except ModuleNotFoundError:
+            raise TrainError(f"kind '{cfg.kind}' needs headway.train.eagle, which this install lacks") from None
+    accelerator = accelerator or make_accelerator(cfg)
+    out = Path(cfg.output_dir)
+    set_seed(cfg.seed)
+    train_rows, eval_rows = split_data(cfg)
+    target.to(accelerator.device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+
+    task: Task = TASKS[cfg.kind](cfg)
+    heads = task.build(target)
+    model = task.adapt_target(target)
+    adapted = model is not target
+    module = TrainModule(task, heads, model, adapted)
+    module.train()
+    if not adapted:
+        target.eval()
+
+    world = accelerator.num_processes
+    steps = total_steps(cfg, len(train_rows), world)
+    global_batch = cfg.batch_size * world * cfg.grad_accum
+    epochs = max(1, math.ceil((steps * global_batch + cfg.batch_size * world) / len(train_rows)))
+    loader = DataLoader(EpochView(train_rows, cfg.seed, epochs), batch_size=cfg.batch_size, shuffle=False,
+                        collate_fn=lambda b: collate(b, pad_id, cfg.max_length), num_workers=cfg.num_workers)
+    optimizer = make_optimizer(task.param_groups(heads, model), cfg.optim)
+    scheduler = make_scheduler(optimizer, steps, cfg.optim)
+    module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
+    if adapted:
+        accelerator.register_save_state_pre_hook(trainable_only_hook)
+    inner: TrainModule = accelerator.unwrap_model(module)
+    ev_loader = eval_loader(eval_rows, cfg, accelerator, pad_id) if eval_rows is not None else None
+
+    # resume
+    step, tokens_seen, train_time = 0, 0, 0.0
+    resume = resolve_resume(cfg.resume_from, out)
+    if resume is not None:
+        accelerator.load_state(str(resume), **({"strict": False} if adapted else {}))
+        state = read_state(resume)
+        step, tokens_seen, train_time = state["step"], state["tokens"], state["train_time_s"]
+    stop = min(steps, cfg.stop_after) if cfg.stop_after is not None else steps
+    batches = accelerator.skip_first_batches(loader, step * cfg.grad_accum) if step else loader
+
+    from rich.console import Console
+
+    console = Console() if accelerator.is_main_process else None
+    log = RunLog(accelerator, out / "log.jsonl", console)
+    log.truncate_after(step)
+    if cfg.report_to != "none":
+        accelerator.init_trackers(cfg.project, config=tracker_config(cfg),
+                                  init_kwargs={"wandb": {"dir": str(out), "name": run_name(cfg)}})
+    log.write({"event": "start", "step": step, "world_size": world, "total_steps": steps, "global_batch": global_batch,
+               "resumed_from": str(resume) if resume else None, "kind": cfg.kind, "train_rows": len(train_rows),
+               "eval_rows": len(eval_rows) if eval_rows is not None else 0},
+              text=f"training {cfg.kind} heads: {steps} steps, global batch {global_batch} on {world} process(es)"
+                   + (f", resuming at step {step}" if step else ""))
+
+    def state() -> dict[str, Any]:
+        return {"tokens": tokens_seen, "train_time_s": train_time, "total_steps": steps, "world_size": world}
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    it = iter(batches)
+    sums: dict[str, Tensor] = {}
+    window_tokens, window_steps, window_start = torch.zeros((), dtype=torch.long), 0, time.perf_counter()
+    last_eval: dict[str, Any] | None = None
+    last_loss: float | None = None
+    with progress_bar(cfg.progress and accelerator.is_main_process) as bar:
+        bar_task = bar.add_task("train", total=steps, completed=step, info="")
+        while step < stop:
+            t0 = time.perf_counter()
+            for micro in range(cfg.grad_accum):
+                batch = next(it)
+                sync = contextlib.nullcontext() if micro == cfg.grad_accum - 1 else accelerator.no_sync(module)
+                with sync:
+                    loss, metrics = module(batch, step)
+                    accelerator.backward(loss / cfg.grad_accum)
+                for k, v in {"loss": loss.detach(), **metrics}.items():
+                    sums[k] = sums.get(k, 0) + v.detach().float() / cfg.grad_accum
+                window_tokens += batch["attention_mask"].sum().cpu()
+            if cfg.optim.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            window_steps += 1
+            train_time += time.perf_counter() - t0
+
+            if step % cfg.log_every == 0 or step == stop:
+                vals = reduce_mean(accelerator, {k: v / window_steps for k, v in sums.items()})
+                n_tok = int(accelerator.reduce(window_tokens.to(accelerator.device), reduction="sum"))
+                tokens_seen += n_tok
+                tps = n_tok / max(1e-9, time.perf_counter() - window_start)
+                lr = scheduler.get_last_lr()[0]
+                last_loss = vals["loss"]
+                log.write({"step": step, **vals, "lr": lr, "tokens_per_s": tps, "tokens": tokens_seen},
+                          tracker={**{f"train/{k}": v for k, v in vals.items()}, "train/lr": lr,
+                                   "train/tokens_per_s": tps})
+                bar.update(bar_task, completed=step, info=f"loss {vals['loss']:.4f} lr {lr:.2e} {tps:,.0f} tok/s")
+                sums, window_tokens, window_steps = {}, torch.zeros((), dtype=torch.long), 0
+                window_start = time.perf_counter()
+            if ev_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
+                last_eval = evaluate(inner, ev_loader, accelerator, cfg)
+                log.write({"step": step, "eval": last_eval}, tracker=eval_scalars(last_eval), text=eval_text(last_eval))
+                window_start = time.perf_counter()
+            if (cfg.save_every and step % cfg.save_every == 0) or step == stop:
+                save_checkpoint(accelerator, out, step, state(), cfg.keep_checkpoints)
+                window_start = time.perf_counter()
+
+    if step < steps:  # stopped early on purpose (stop_after): resumable, no final heads
+        log.write({"event": "stopped", "step": step}, text=f"stopped after step {step}; resume with resume_from=latest")
+        accelerator.end_training()
+        return out / "checkpoints" / f"checkpoint-{step}"
+
+    if ev_loader is not None:
+        last_eval = evaluate(inner, ev_loader, accelerator, cfg)
+        log.write({"step": step, "eval": last_eval}, tracker=eval_scalars(last_eval), text=eval_text(last_eval))
+    final = out / "final"
+    if accelerator.is_main_process:
+        inner.heads.metadata["training"] = {
+            "kind": cfg.kind, "target": cfg.target, "data": str(cfg.data), "train_rows": len(train_rows),
+            "steps": steps, "global_batch": global_batch, "world_size": world, "tokens": tokens_seen,
+            "train_time_s": round(train_time, 2), "tokens_per_s": round(tokens_seen / max(train_time, 1e-9), 1),
+            "final_loss": last_loss, "optim": asdict(cfg.optim), "seed": cfg.seed,
+            "options": asdict(cfg.lora) if adapted else asdict(cfg.medusa) if cfg.kind == "medusa" else asdict(cfg.eagle)}
+        if last_eval is not None:
+            inner.heads.metadata["eval"] = last_eval
+        task.save(inner.heads, accelerator.unwrap_model(module).run_target(), final)
+    accelerator.wait_for_everyone()
+    log.write({"event": "done", "step": step, "final": str(final), "train_time_s": train_time,
+               "tokens_per_s": tokens_seen / max(train_time, 1e-9)},
+              text=f"done: {tokens_seen} tokens in {train_time:.1f}s ({tokens_seen / max(train_time, 1e-9):,.0f} tok/s); "
+                   f"heads saved to {final}")
+    accelerator.end_training()
+    return final
+
+
+def train_cli(cfg: TrainConfig) -> int:
+    train(cfg)
+    return 0

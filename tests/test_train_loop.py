@@ -1,0 +1,158 @@
+"""The training loop on tiny targets: what trains, what must not, checkpoints and resume, Medusa-2."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from headway.config import load_config
+from headway.heads import MedusaHeads, load_heads
+from headway.target import TargetError, load_target
+from headway.testing import save_tiny_target, tiny_config, tiny_target
+from headway.train.checkpoints import STATE, complete_checkpoints, resolve_resume
+from headway.train.config import TrainConfig
+from headway.train.loop import fit, train
+from headway.train.tasks import adapter_path
+
+from train_utils import distilled_rows, save_rows
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two threads on a shared 2-core machine oversubscribe badly; tiny models need one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    target = save_tiny_target(root / "target")
+    data = save_rows(root / "data", distilled_rows(48, 384, seed=1))
+    return root, target, data
+
+
+def config(setup, out: Path, **kw) -> TrainConfig:
+    root, target, data = setup
+    base = {"target": str(target), "data": str(data), "output_dir": str(out), "batch_size": 4, "max_steps": 6,
+            "log_every": 1, "save_every": 0, "eval_fraction": 0.25, "progress": False, "medusa.num_heads": 3,
+            "optim.lr": 3e-3, "optim.warmup_steps": 2}
+    return load_config(TrainConfig, None, {**base, **kw})
+
+
+def losses(out: Path) -> list[tuple[int, float]]:
+    recs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in recs if "loss" in r]
+
+
+def test_medusa_trains_heads_and_leaves_target_bit_identical(setup, tmp_path):
+    target, tok = load_target(str(setup[1]), device="cpu")
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    final = fit(config(setup, tmp_path, **{"medusa.kl_weight": 0.5}), target, tok)
+    for k, v in target.state_dict().items():
+        assert torch.equal(v, before[k]), f"target tensor {k} changed"
+    assert all(not p.requires_grad for p in target.parameters())
+
+    heads = load_heads(final, target=target)
+    fresh = MedusaHeads.for_target(target, num_heads=3)
+    changed = [k for k, v in heads.state_dict().items() if not torch.equal(v, fresh.state_dict()[k])]
+    assert any(k.startswith("blocks.") for k in changed) and any(k.startswith("lm_heads.") for k in changed)
+
+    meta = json.loads((final / "config.json").read_text())["metadata"]
+    assert meta["training"]["steps"] == 6 and meta["training"]["world_size"] == 1
+    ev = meta["eval"]
+    assert len(ev["top1"]) == 3 and len(ev["top5"]) == 3 and 1.0 <= ev["tau"] <= 4.0 and ev["positions"] > 0
+    assert "Measured acceptance" in (final / "README.md").read_text()
+    log = (tmp_path / "log.jsonl").read_text()
+    assert '"kl"' in log and '"tokens_per_s"' in log and '"eval"' in log
+
+
+def test_loss_goes_down_on_learnable_data(setup, tmp_path):
+    out = tmp_path / "run"
+    train(config(setup, out, max_steps=30, log_every=5, **{"optim.lr": 1e-2}))
+    curve = [loss for _, loss in losses(out)]
+    assert curve[-1] < 0.8 * curve[0]
+
+
+def test_resume_reproduces_the_uninterrupted_loss_curve(setup, tmp_path):
+    kw = {"grad_accum": 2, "max_steps": 6, "eval_fraction": 0.0, "save_every": 2}
+    full = tmp_path / "full"
+    train(config(setup, full, **kw))
+
+    part = tmp_path / "part"
+    stopped = train(config(setup, part, stop_after=3, **kw))
+    assert stopped.name == "checkpoint-3" and not (part / "final").exists()
+    # a checkpoint killed mid-write (left as .tmp) and a folder without its state file are never "latest"
+    (part / "checkpoints" / "checkpoint-5.tmp").mkdir()
+    (part / "checkpoints" / "checkpoint-4").mkdir()
+    assert resolve_resume("latest", part).name == "checkpoint-3"
+    train(config(setup, part, resume_from="latest", **kw))
+
+    a, b = losses(full), losses(part)
+    assert [s for s, _ in a] == [s for s, _ in b] == [1, 2, 3, 4, 5, 6]
+    torch.testing.assert_close(torch.tensor([x for _, x in b]), torch.tensor([x for _, x in a]), rtol=1e-5, atol=1e-6)
+    ha, hb = load_heads(full / "final"), load_heads(part / "final")
+    for k, v in ha.state_dict().items():
+        torch.testing.assert_close(hb.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_latest_resolution(tmp_path):
+    assert resolve_resume("latest", tmp_path) is None  # nothing yet: fresh start
+    root = tmp_path / "checkpoints"
+    for name, complete in (("checkpoint-2", True), ("checkpoint-10", True), ("checkpoint-12", False),
+                           ("checkpoint-14.tmp", True)):
+        (root / name).mkdir(parents=True)
+        if complete:
+            (root / name / STATE).write_text("{}")
+    assert [s for s, _ in complete_checkpoints(tmp_path)] == [2, 10]
+    assert resolve_resume("latest", tmp_path).name == "checkpoint-10"
+    with pytest.raises(Exception, match="not a complete checkpoint"):
+        resolve_resume(str(root / "checkpoint-12"), tmp_path)
+
+
+def test_heads_for_another_target_are_refused_naming_both_values(setup, tmp_path):
+    final = train(config(setup, tmp_path, max_steps=1, eval_fraction=0.0))
+    wide, _ = tiny_target("llama", hidden_size=32, intermediate_size=64)
+    with pytest.raises(TargetError, match=r"hidden_size=64.*hidden_size=32"):
+        load_heads(final, target=wide)
+    from transformers import AutoModelForCausalLM
+
+    bigger_vocab = AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=500))
+    with pytest.raises(TargetError, match=r"vocab_size=384.*vocab_size=500"):
+        load_heads(final, target=bigger_vocab)
+
+
+def test_medusa2_trains_an_adapter_the_decoder_can_load(setup, tmp_path):
+    root, target_dir, _ = setup
+    target, tok = load_target(str(target_dir), device="cpu")
+    base = {k: v.clone() for k, v in target.state_dict().items()}
+    final = fit(config(setup, tmp_path, kind="medusa2", max_steps=6, **{"lora.r": 4, "lora.heads_only_steps": 2,
+                                                                         "lora.ramp_steps": 2}), target, tok)
+    # the base weights under the adapter did not move
+    for k, v in target.state_dict().items():  # peft injected LoRA layers into the target in place
+        if "lora_" not in k:
+            assert torch.equal(v, base[k.replace("base_layer.", "")]), k
+    adapter = adapter_path(final)
+    assert adapter is not None and (adapter / "adapter_config.json").is_file()
+    # checkpoints hold the adapter and heads, not a copy of the target
+    ckpt = complete_checkpoints(tmp_path)[-1][1]
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert names and all("lora_" in n or n.startswith("heads.") for n in names)
+
+    merged, _ = load_target(str(target_dir), device="cpu", adapter=str(adapter))
+    plain, _ = load_target(str(target_dir), device="cpu")
+    diffs = [k for k, v in merged.state_dict().items() if not torch.equal(v, plain.state_dict()[k])]
+    assert diffs and all("proj" in k for k in diffs)
+    heads = load_heads(final, target=merged)
+    assert heads.metadata["adapter"]["subfolder"] == "adapter"
+    ev = heads.metadata["eval"]
+    assert {"target_loss", "base_target_loss", "target_loss_cost"} <= set(ev)
+    log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    quality = [r["quality"] for r in log if "quality" in r]
+    assert len(quality) == 6

@@ -1,0 +1,49 @@
+"""Shared helpers for the training tests: tiny targets and tiny distilled datasets on disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
+               "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def distilled_rows(n: int, vocab: int, seed: int = 0, min_len: int = 12, max_len: int = 24,
+                   prompt_len: int = 4, uniform: bool = False) -> list[dict[str, Any]]:
+    """Rows in the distilled format: a short 'prompt' (loss_mask 0) then an 'answer' (loss_mask 1).
+    Answers follow a learnable pattern (each token = previous + a row-specific stride) so heads
+    can improve within a few steps."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        T = max_len if uniform else int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        start = int(torch.randint(3, vocab, (1,), generator=g))
+        stride = int(torch.randint(1, 4, (1,), generator=g))
+        ids = [3 + (start - 3 + i * stride) % (vocab - 3) for i in range(T)]
+        mask = [0] * prompt_len + [1] * (T - prompt_len)
+        if uniform:
+            mask = [1] * T
+        rows.append({"input_ids": ids, "loss_mask": mask})
+    return rows
+
+
+def save_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    from datasets import Dataset
+
+    Dataset.from_list(rows).save_to_disk(str(path))
+    return path
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 300, launcher: list[str] | None = None,
+            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **OFFLINE_ENV, **(extra_env or {})}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = (launcher or [sys.executable, "-m", "headway"]) + args
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
