@@ -1,0 +1,175 @@
+"""Import reference checkpoints as native heads, so their users can switch (design.md §4).
+
+``IMPORTERS`` maps a reference format to its reader; ``import_heads`` picks one by looking
+at the files (``kind="auto"``) and ``headway import`` is its command line.
+
+**FasterDecoding Medusa** (``medusa_lm_head.safetensors`` or ``medusa_lm_head.pt``; the
+``.pt`` is read with ``torch.load(weights_only=True)``, never unpickled): an
+``nn.ModuleList`` of heads, each ``Sequential(*[ResBlock] * n, Linear(H, V, bias=False))``,
+so the tensors are ``{h}.{l}.linear.weight/bias`` for ResBlock l and ``{h}.{n}.weight`` for
+the vocab projection, possibly prefixed ``medusa_head.``. Head and layer counts are read
+from the tensor names, never from the config (the reference's config has been wrong).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..config import check_choice, opt
+from ..target import TargetInfo
+from .base import HeadsBase, HeadsError, load_state_strict
+from .medusa import MedusaConfig, MedusaHeads
+
+MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+_RES = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
+_PROJ = re.compile(r"^(\d+)\.(\d+)\.weight$")
+
+
+def _medusa_file(path_or_file: str | Path) -> Path:
+    p = Path(path_or_file).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        for name in MEDUSA_FILES:
+            if (p / name).is_file():
+                return p / name
+        raise HeadsError(f"{p} has no {' or '.join(MEDUSA_FILES)}; is it a FasterDecoding Medusa checkpoint?")
+    s = str(path_or_file)
+    if s.startswith((".", "/", "~")) or s.count("/") != 1:
+        raise HeadsError(f"Medusa checkpoint not found: '{s}' is not a file, a folder or a Hub repo id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return _medusa_file(snapshot_download(s, allow_patterns=["medusa_lm_head.*", "*.json"]))
+    except HeadsError:
+        raise
+    except Exception as e:  # offline, missing repo: one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise HeadsError(f"cannot fetch '{s}' from the Hub: {first}") from None
+
+
+def read_tensors(f: Path) -> dict[str, torch.Tensor]:
+    """A flat dict of tensors from .safetensors, or from .pt/.bin read weights-only."""
+    if f.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(f))
+    try:
+        sd = torch.load(str(f), map_location="cpu", weights_only=True)
+    except Exception as e:  # pickled code, not plain tensors
+        raise HeadsError(f"{f}: cannot read as plain tensors (weights_only=True): {str(e).splitlines()[0]}") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise HeadsError(f"{f} is not a flat dict of tensors")
+    return sd
+
+
+def medusa_layout(tensors: dict[str, torch.Tensor], where: str) -> tuple[int, int, bool]:
+    """(num_heads, num_layers, bias) from FasterDecoding tensor names (``medusa_head.`` already stripped)."""
+    res: dict[int, set[int]] = {}
+    proj: dict[int, int] = {}
+    has_bias = False
+    for k in tensors:
+        if m := _RES.match(k):
+            res.setdefault(int(m[1]), set()).add(int(m[2]))
+            has_bias |= m[3] == "bias"
+        elif m := _PROJ.match(k):
+            proj[int(m[1])] = int(m[2])
+        else:
+            raise HeadsError(f"{where}: unexpected tensor '{k}' for a FasterDecoding Medusa checkpoint")
+    heads = sorted(proj)
+    if not heads or heads != list(range(len(heads))):
+        raise HeadsError(f"{where}: head vocab projections '{{h}}.{{n}}.weight' should be numbered 0..K-1, got {heads}")
+    layers = {proj[h] for h in heads}
+    if len(layers) != 1:
+        raise HeadsError(f"{where}: heads have different depths {sorted(layers)}")
+    n = layers.pop()
+    for h in heads:
+        if res.get(h, set()) != set(range(n)):
+            raise HeadsError(f"{where}: head {h} should have ResBlocks 0..{n - 1}, found {sorted(res.get(h, set()))}")
+    if set(res) - set(heads):
+        raise HeadsError(f"{where}: ResBlocks for heads {sorted(set(res) - set(heads))} without a vocab projection")
+    return len(heads), n, has_bias
+
+
+def import_medusa(path_or_file: str | Path, target: nn.Module | None = None) -> MedusaHeads:
+    """FasterDecoding ``medusa_lm_head.{safetensors,pt}`` (a file, its folder, or a Hub id) -> ``MedusaHeads``.
+
+    With ``target`` the sizes are checked (a mismatch names both values) and the heads attached."""
+    f = _medusa_file(path_or_file)
+    tensors = {k.removeprefix("medusa_head."): v for k, v in read_tensors(f).items()}
+    K, n, bias = medusa_layout(tensors, str(f))
+    V, H = tensors[f"0.{n}.weight"].shape
+    info = TargetInfo.of(target) if target is not None else None
+    if info is not None:
+        for name, mine, theirs in (("hidden_size", H, info.hidden_size), ("vocab_size", V, info.vocab_size)):
+            if mine != theirs:
+                raise HeadsError(f"{f} holds Medusa heads for a target with {name}={mine}, but this target has "
+                                 f"{name}={theirs} ({info.name_or_path or 'model in hand'})")
+    heads = MedusaHeads(MedusaConfig(hidden_size=H, vocab_size=V, num_heads=K, num_layers=n, own_lm_head=True,
+                                     bias=bias), info)
+    native = {}
+    for k, v in tensors.items():
+        if m := _RES.match(k):
+            native[f"blocks.{m[1]}.layers.{m[2]}.{m[3]}"] = v
+        else:
+            native[f"lm_heads.{_PROJ.match(k)[1]}.weight"] = v
+    load_state_strict(heads, {k: v.float() for k, v in native.items()}, str(f))
+    heads.metadata["imported"] = {"source": str(path_or_file), "format": "fasterdecoding-medusa", "file": f.name}
+    if target is not None:
+        heads.attach(target)
+        heads.to(device=target.get_output_embeddings().weight.device)
+    return heads.eval()
+
+
+def _import_eagle(path: str | Path, target: nn.Module | None = None) -> HeadsBase:
+    from .eagle_import import import_eagle
+
+    return import_eagle(path, target=target)
+
+
+IMPORTERS: dict[str, Callable[..., HeadsBase]] = {"medusa": import_medusa, "eagle": _import_eagle}
+
+
+def detect_format(path: str | Path) -> str:
+    """'medusa' for FasterDecoding Medusa files, else 'eagle' (EAGLE-1 / EAGLE-3 layouts)."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        return "medusa" if p.name.startswith("medusa_lm_head") or p.suffix == ".pt" else "eagle"
+    if p.is_dir() and any((p / n).is_file() for n in MEDUSA_FILES):
+        return "medusa"
+    return "eagle"
+
+
+def import_heads(path: str | Path, target: nn.Module | None = None, fmt: str = "auto") -> HeadsBase:
+    fmt = detect_format(path) if fmt == "auto" else fmt
+    check_choice(fmt, tuple(IMPORTERS), "format")
+    return IMPORTERS[fmt](path, target=target)
+
+
+@dataclass
+class ImportConfig:
+    source: str = opt(help="reference checkpoint: a folder, a file, or a Hub repo id", positional=True)
+    out: str = opt(help="write the native heads checkpoint here")
+    target: str | None = opt(None, "target to check the heads against (and record in the checkpoint); "
+                                   "'demo' = the demo target")
+    format: str = opt("auto", "reference format: auto (from the files), medusa (FasterDecoding), eagle "
+                              "(EAGLE-1/EAGLE-3 layouts)", choices=("auto", *IMPORTERS))
+
+
+def import_cli(cfg: ImportConfig) -> int:
+    target: Any = None
+    if cfg.target:
+        from ..data.targets import resolve_target_path
+        from ..target import load_target
+
+        target, _ = load_target(resolve_target_path(cfg.target), device="cpu")
+    heads = import_heads(cfg.source, target=target, fmt=cfg.format)
+    out = heads.save_pretrained(cfg.out)
+    print(f"imported {heads.kind} heads from {cfg.source} into {out}")
+    return 0
