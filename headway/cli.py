@@ -26,6 +26,12 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "target build": Command("Build (or reuse from cache) the demo target: a small Llama trained on the stdlib source.",
                             "headway.demo_target:TargetBuildConfig", "headway.demo_target:build_cli"),
+    "distill": Command("Let the frozen target write the answers to prompts (self-distillation), in resumable shards.",
+                       "headway.data.distill:DistillConfig", "headway.data.distill:distill_cli"),
+    "tokenize": Command("Tokenise a dataset that already has answers: input_ids + assistant-only loss masks.",
+                        "headway.data.encode:TokenizeConfig", "headway.data.encode:tokenize_cli"),
+    "features": Command("Store the target's hidden states over a distilled dataset (EAGLE offline mode).",
+                        "headway.data.features:FeaturesConfig", "headway.data.features:features_cli"),
     "import": Command("Import a reference checkpoint (FasterDecoding Medusa, EAGLE-1/EAGLE-3 layouts) as native heads.",
                       "headway.heads.importers:ImportConfig", "headway.heads.importers:import_cli"),
     "train": Command("Train Medusa / EAGLE heads on the frozen target (= accelerate launch -m headway.train).",

@@ -1,1 +1,33 @@
-"""headway.data"""
+"""headway.data — prompts in; self-distilled datasets, loss masks, target features out.
+
+Modules, one concern each:
+
+- ``samples``: the normalised ``Sample`` form and ``normalize_row`` (pure);
+- ``sources``: ``read_samples(source)`` for JSONL / JSON / parquet / datasets folders / Hub names / ``demo:``;
+- ``chat``: chat templates: conversation pieces for generation, assistant-token masks;
+- ``plans``: what the target is asked per sample, within a token budget;
+- ``generation``: batched left-padded generation (greedy or sampled);
+- ``shards``: global shard plans, atomic writes, resume-settings checks;
+- ``distill``: ``headway distill`` and ``load_distilled``;
+- ``encode``: ``headway tokenize`` (answers given, no generation);
+- ``features``: ``headway features``, ``target_features`` (online == offline) and ``FeatureStore``;
+- ``vocab``: token frequencies and the EAGLE-3 draft vocabulary;
+- ``targets``: ``resolve_target_path`` (``demo`` -> the demo target's folder).
+
+The command functions live in their modules (``headway.data.distill.distill``,
+``headway.data.features.features``): re-exporting them here would shadow the modules.
+"""
+
+from .distill import DistillConfig, load_distilled
+from .encode import TokenizeConfig, tokenize_dataset, tokenize_sample
+from .errors import BadRowError, ChatTemplateError, DataError, ResumeMismatchError
+from .features import FeaturesConfig, FeatureStore, target_features
+from .samples import Sample
+from .sources import read_samples
+from .targets import resolve_target_path
+from .vocab import draft_vocab, load_token_counts, token_frequencies
+
+__all__ = ["BadRowError", "ChatTemplateError", "DataError", "DistillConfig", "FeatureStore", "FeaturesConfig",
+           "ResumeMismatchError", "Sample", "TokenizeConfig", "draft_vocab",
+           "load_distilled", "load_token_counts", "read_samples", "resolve_target_path", "target_features",
+           "token_frequencies", "tokenize_dataset", "tokenize_sample"]

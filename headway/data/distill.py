@@ -1,0 +1,366 @@
+"""``headway distill``: the frozen target writes the answers to a set of prompts (self-distillation).
+
+Output folder (``cfg.output``)::
+
+    headway_distill.json        settings (checked on resume), provenance, counts, complete flag
+    shards/shard-XXXXX/         one datasets folder per ``shard_size`` prompts, + shard.json stats
+    data-*.arrow, state.json, dataset_info.json   the merged dataset (``load_distilled``)
+    token_counts.safetensors    token frequencies over the answers (EAGLE-3 draft vocab)
+
+Rows: ``index`` (position in the prompt stream), ``id`` (the source row's id), ``input_ids``,
+``loss_mask`` (1 exactly on the tokens the target wrote, its stop token included),
+``finish_reason`` (``stop`` or ``length``). Several processes (``accelerate launch``) split the
+shards; the result equals a single-process run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..config import check_choice, opt
+from .errors import DataError
+from .generation import SamplingSettings, generate_batch, stop_token_ids
+from .plans import OVERLONG, PROMPT_FORMATS, Plan, fit_budget, make_plan
+from .shards import (atomic_path, check_settings, complete_shards, digest, owned_shards, read_json, remove_stale,
+                     shard_name, shard_ranges, write_json)
+from .sources import SourceResult, read_samples
+
+MANIFEST = "headway_distill.json"
+SHARD_STATS = "shard.json"
+FORMAT = "headway-distilled"
+
+
+@dataclass
+class DistillConfig:
+    source: str = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations rows), "
+                           "a datasets folder, a Hub dataset name, or demo:train / demo:heldout", positional=True)
+    output: str = opt("runs/distilled", "output folder (resumed if it holds shards of the same settings)")
+    target: str = opt("demo", "target model: a local folder, a Hub id, or 'demo' (build/reuse the demo target)")
+    revision: str | None = opt(None, "target revision (Hub targets)")
+    adapter: str | None = opt(None, "PEFT adapter folder to merge into the target")
+    dtype: str = opt("float32", "target dtype", choices=("float32", "bfloat16", "float16"))
+    device: str | None = opt(None, "device (default: the process's accelerate device)")
+    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
+    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
+                                     "user message); chat: always; raw: plain prompts as they are",
+                             choices=PROMPT_FORMATS)
+    stop_tokens: list[str] = opt(default_factory=list, help="extra tokens that end an answer (e.g. <|im_end|>)")
+    split: str = opt("train", "split of a datasets folder / Hub dataset")
+    limit: int | None = opt(None, "use only the first N prompts (demo sources: the number of prompts, default 256)")
+    prompt_tokens: int = opt(64, "demo sources: prompt length in tokens")
+    max_prompt_tokens: int = opt(1024, "prompts longer than this (in tokens) are dropped or truncated")
+    overlong: str = opt("drop", "what to do with a too-long prompt", choices=OVERLONG)
+    max_new_tokens: int = opt(256, "longest answer (tokens) per assistant turn")
+    temperature: float = opt(0.0, "sampling temperature; 0 = greedy")
+    top_p: float = opt(1.0, "nucleus sampling threshold (1 = off)")
+    top_k: int = opt(0, "top-k sampling (0 = off)")
+    seed: int = opt(0, "seed for sampling and the demo prompts")
+    batch_size: int = opt(8, "prompts per generate() call")
+    shard_size: int = opt(256, "prompts per shard (the unit of resumption)")
+    skip_bad_rows: bool = opt(False, "skip malformed rows (and report how many) instead of stopping")
+    overwrite: bool = opt(False, "delete the output folder first")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self.sampling()  # validates the sampling settings
+
+    def sampling(self) -> SamplingSettings:
+        return SamplingSettings(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+
+
+def check_choices(cfg: Any) -> None:
+    """Refuse values outside a field's ``choices`` (``opt(..., choices=...)`` only documents them)."""
+    import dataclasses
+
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("choices"):
+            check_choice(getattr(cfg, f.name), f.metadata["choices"], f.name)
+
+
+@dataclass
+class ShardStats:
+    rows: int = 0
+    dropped: int = 0  # overlong prompts dropped
+    truncated: int = 0  # overlong prompts truncated
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    seconds: float = 0.0
+    rank: int = 0  # the process that wrote the shard
+
+
+@dataclass
+class Conversation:
+    """A row being written: tokens so far, the loss mask, and how its last answer ended."""
+
+    plan: Plan
+    input_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    stop_text: str | None = None
+    finish_reason: str = "stop"
+
+    def add(self, ids: list[int], written_by_target: bool) -> None:
+        self.input_ids += ids
+        self.loss_mask += [int(written_by_target)] * len(ids)
+
+    def row(self) -> dict[str, Any]:
+        return {"index": self.plan.index, "id": self.plan.sample.id, "input_ids": self.input_ids,
+                "loss_mask": self.loss_mask, "finish_reason": self.finish_reason}
+
+
+def batch_seed(seed: int, first_index: int, turn: int) -> int:
+    """The RNG seed of one generate() call: fixed by the batch's position, so resumes reproduce it."""
+    return (seed * 1_000_003 + first_index * 1_009 + turn) % (2**63)
+
+
+def distill_batch(model: Any, tokenizer: Any, plans: list[Plan], settings: SamplingSettings, stop_ids: list[int],
+                  pad_id: int, seed: int) -> list[Conversation]:
+    """Answer every turn of every plan: turn k of all conversations is one left-padded batch,
+    each conditioned on the conversation's tokens so far (its earlier answers regenerated)."""
+    convs = [Conversation(p) for p in plans]
+    for c in convs:
+        c.add(c.plan.piece_ids[0], False)
+    for turn in range(max(len(p.pieces) for p in plans)):
+        active = [c for c in convs if len(c.plan.pieces) > turn]
+        if turn:
+            for c in active:
+                piece = c.plan.pieces[turn]
+                if c.stop_text and piece.startswith(c.stop_text):  # the target already wrote the end of turn
+                    c.add(tokenizer(piece[len(c.stop_text):], add_special_tokens=False)["input_ids"], False)
+                else:
+                    c.add(c.plan.piece_ids[turn], False)
+        answers = generate_batch(model, [c.input_ids for c in active], settings, stop_ids, pad_id,
+                                 seed=batch_seed(seed, plans[0].index, turn))
+        for c, a in zip(active, answers):
+            c.add(a.tokens, True)
+            c.stop_text = tokenizer.decode(a.tokens[-1:]) if a.stopped else None
+            if not a.stopped:
+                c.finish_reason = "length"
+    return convs
+
+
+def distill_shard(model: Any, tokenizer: Any, plans: list[Plan], cfg: DistillConfig, stop_ids: list[int],
+                  pad_id: int, on_batch: Callable[[int, int], None]) -> tuple[list[dict[str, Any]], ShardStats]:
+    """Rows and stats for one shard's plans (already fitted to the budget; None = dropped)."""
+    stats = ShardStats(dropped=sum(p is None for p in plans))
+    kept = [p for p in plans if p is not None]
+    stats.truncated = sum(p.truncated for p in kept)
+    rows = []
+    start = time.perf_counter()
+    on_batch(stats.dropped, 0)
+    for b in range(0, len(kept), cfg.batch_size):
+        batch = kept[b: b + cfg.batch_size]
+        convs = distill_batch(model, tokenizer, batch, cfg.sampling(), stop_ids, pad_id, cfg.seed)
+        new = sum(sum(c.loss_mask) for c in convs)
+        stats.generated_tokens += new
+        stats.prompt_tokens += sum(len(c.loss_mask) - sum(c.loss_mask) for c in convs)
+        rows += [c.row() for c in convs]
+        on_batch(len(batch), new)
+    stats.rows, stats.seconds = len(rows), time.perf_counter() - start
+    return rows, stats
+
+
+def row_features() -> Any:
+    from datasets import Features, Sequence, Value
+
+    return Features({"index": Value("int64"), "id": Value("string"), "input_ids": Sequence(Value("int32")),
+                     "loss_mask": Sequence(Value("int8")), "finish_reason": Value("string")})
+
+
+def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardStats) -> Path:
+    """Write shard ``j`` under a temporary name, then rename: a shard on disk is always complete."""
+    from datasets import Dataset
+
+    final = folder / shard_name(j)
+    with atomic_path(final) as tmp:
+        Dataset.from_list(rows, features=row_features()).save_to_disk(str(tmp))
+        write_json(tmp / SHARD_STATS, asdict(stats))
+    return final
+
+
+def distill(cfg: DistillConfig) -> Path:
+    """Distil ``cfg.source`` with ``cfg.target`` into ``cfg.output``; resumable, multi-process aware."""
+    from .progress import quiet_datasets
+
+    with quiet_datasets():
+        return _distill(cfg)
+
+
+def _distill(cfg: DistillConfig) -> Path:
+    from ..target import TargetInfo, load_target
+    from .chat import load_chat_template
+    from .progress import TokenProgress, console
+    from .runtime import processes
+    from .targets import resolve_target_path
+
+    out = Path(cfg.output).expanduser()
+    procs = processes(cfg.device)
+    if procs.is_main:
+        prepare_output(out, cfg.overwrite, MANIFEST)
+    procs.barrier()
+    with procs.state.main_process_first():
+        target_path = resolve_target_path(cfg.target)
+    model, tokenizer = load_target(target_path, cfg.dtype, procs.device, cfg.adapter, cfg.revision)
+    template = load_chat_template(tokenizer, cfg.chat_template)
+    src = read_samples(cfg.source, split=cfg.split, limit=cfg.limit, skip_bad_rows=cfg.skip_bad_rows,
+                       tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens, seed=cfg.seed)
+    if not src.samples:
+        raise DataError(f"no usable prompts in {cfg.source}" + (f" ({len(src.bad)} bad rows)" if src.bad else ""))
+    check_chat_inputs(src, template, cfg)
+    info = TargetInfo.of(model, cfg.target, cfg.revision)
+    settings = distill_settings(cfg, template, src)
+    with procs.state.main_process_first():
+        manifest = check_settings(out / MANIFEST, settings, {"format": FORMAT, "target_path": target_path,
+                                                            "target_info": asdict(info)})
+    say = console().print if procs.is_main else (lambda *a, **k: None)
+    if src.bad:
+        say(f"skipped {len(src.bad)} bad row(s); first: {src.bad[0]}")
+    if manifest.get("complete"):
+        say(f"{out} is already complete ({manifest.get('rows')} rows); nothing to do")
+        return out
+
+    shards_dir = out / "shards"
+    ranges = shard_ranges(len(src.samples), cfg.shard_size)
+    mine = owned_shards(len(ranges), procs.rank, procs.world_size)
+    remove_stale(shards_dir, mine)
+    done = complete_shards(shards_dir)
+    todo = [j for j in mine if j not in done]
+    stop_ids = stop_token_ids(model, tokenizer, cfg.stop_tokens)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    if done:
+        say(f"resuming: {len(done)} of {len(ranges)} shards already done")
+    with TokenProgress(f"distill [{procs.rank}/{procs.world_size}]" if procs.world_size > 1 else "distill",
+                       sum(len(ranges[j]) for j in todo), enabled=procs.is_main, unit="prompts") as bar:
+        for j in todo:
+            plans = [fit_budget(make_plan(i, src.samples[i], tokenizer, template, cfg.prompt_format, cfg.target),
+                                cfg.max_prompt_tokens, cfg.overlong) for i in ranges[j]]
+            rows, stats = distill_shard(model, tokenizer, plans, cfg, stop_ids, pad_id, bar.advance)
+            stats.rank = procs.rank
+            write_shard(shards_dir, j, rows, stats)
+    procs.barrier()
+    if procs.is_main:
+        summary = finish(out, len(ranges), info.vocab_size, manifest, settings, len(src.bad), procs.world_size)
+        say(summary_line(summary, out))
+    procs.barrier()
+    return out
+
+
+def prepare_output(out: Path, overwrite: bool, manifest_name: str) -> None:
+    """Delete the folder on ``--overwrite``; refuse a non-empty folder that is not ours."""
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    if out.is_dir() and any(out.iterdir()) and not (out / manifest_name).is_file():
+        raise DataError(f"output folder {out} is not empty and holds no {manifest_name}; "
+                        "choose another folder or pass --overwrite")
+
+
+def check_chat_inputs(src: SourceResult, template: str | None, cfg: DistillConfig) -> None:
+    """Fail before any generation when chat messages meet a tokenizer without a template."""
+    from .chat import require_template
+
+    first_chat = next((s for s in src.samples if s.is_chat), None)
+    if first_chat is not None or cfg.prompt_format == "chat":
+        row = first_chat.id if first_chat is not None else src.samples[0].id
+        require_template(template, cfg.target, f"{cfg.source} (row '{row}')")
+
+
+def distill_settings(cfg: DistillConfig, template: str | None, src: SourceResult) -> dict[str, Any]:
+    """Everything that decides the rows: a resume must match all of it."""
+    prompts = digest(repr([(s.id, s.messages, s.prompt) for s in src.samples]))
+    keep = ("target", "revision", "adapter", "dtype", "source", "split", "limit", "prompt_tokens", "prompt_format",
+            "stop_tokens", "max_prompt_tokens", "overlong", "max_new_tokens", "temperature", "top_p", "top_k",
+            "seed", "shard_size", "skip_bad_rows")
+    settings = {k: getattr(cfg, k) for k in keep}
+    settings["chat_template"] = digest(template) if template else None
+    settings["prompts"] = f"{len(src.samples)} rows, sha256 {prompts}"
+    return settings
+
+
+def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], settings: dict[str, Any],
+           bad_rows: int, world_size: int) -> dict[str, Any]:
+    """Merge the shards into the final dataset, count tokens, mark the folder complete."""
+    from datasets import concatenate_datasets, load_from_disk
+
+    from .vocab import save_token_counts, token_frequencies
+
+    shards = complete_shards(out / "shards")
+    missing = [j for j in range(n_shards) if j not in shards]
+    if missing:
+        raise DataError(f"{out}: shards {missing[:5]} are missing after all processes finished; rerun to resume")
+    parts = [load_from_disk(str(shards[j])) for j in range(n_shards)]
+    stats = [read_json(shards[j] / SHARD_STATS) for j in range(n_shards)]
+    merged = concatenate_datasets(parts)
+    total = {k: sum(s[k] for s in stats) for k in ("rows", "dropped", "truncated", "prompt_tokens",
+                                                   "generated_tokens", "seconds")}
+    total["bad_rows_skipped"] = bad_rows
+    total["world_size"] = world_size  # of the run that finished (a resumed run may have used another)
+    total["shards_by_rank"] = {str(r): sum(s.get("rank", 0) == r for s in stats) for r in range(world_size)}
+    total["tokens_per_s"] = round(total["generated_tokens"] / max(total["seconds"], 1e-9), 1)
+    merged.info.description = _provenance(manifest, settings)
+    save_merged(merged, out)
+    save_token_counts(out, token_frequencies(merged, vocab_size))
+    write_json(out / MANIFEST, {**manifest, **total, "complete": True})
+    shutil.rmtree(out / "shards", ignore_errors=True)
+    return total
+
+
+def _provenance(manifest: dict[str, Any], settings: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps({"headway": FORMAT, "target": settings["target"], "revision": settings["revision"],
+                       "target_info": manifest.get("target_info"), "generation": {
+                           k: settings[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens", "seed")},
+                       "source": settings["source"]})
+
+
+def save_merged(ds: Any, out: Path) -> None:
+    """``save_to_disk`` into a temporary folder, then move its files into ``out`` (state.json last)."""
+    for stale in out.glob(".merged.tmp*"):
+        shutil.rmtree(stale)
+    tmp = out / f".merged.tmp{os.getpid()}"
+    ds.save_to_disk(str(tmp))
+    for p in sorted(tmp.iterdir(), key=lambda p: p.name == "state.json"):
+        os.replace(p, out / p.name)
+    tmp.rmdir()
+
+
+def summary_line(total: dict[str, Any], out: Path) -> str:
+    extra = [f"{total[k]} {k.replace('_', ' ')}" for k in ("dropped", "truncated", "bad_rows_skipped") if total[k]]
+    return (f"distilled {total['rows']} rows into {out}: {total['generated_tokens']} generated tokens at "
+            f"{total['tokens_per_s']:.0f} tok/s" + (f" ({', '.join(extra)})" if extra else ""))
+
+
+def load_distilled(path: str | Path) -> Any:
+    """The dataset of a finished ``distill`` (or ``tokenize``) run: columns ``input_ids``, ``loss_mask``, ..."""
+    from datasets import load_from_disk
+
+    path = Path(path).expanduser()
+    manifest = next((path / m for m in (MANIFEST, "headway_tokenize.json") if (path / m).is_file()), None)
+    if manifest is not None and not read_json(manifest).get("complete"):
+        raise DataError(f"{path} is an unfinished run; rerun the same command to complete it")
+    if not (path / "state.json").is_file():
+        raise DataError(f"{path} is not a distilled dataset folder (no state.json)")
+    ds = load_from_disk(str(path))
+    for col in ("input_ids", "loss_mask"):
+        if col not in ds.column_names:
+            raise DataError(f"{path} has no '{col}' column (columns: {', '.join(ds.column_names)})")
+    return ds
+
+
+def distill_cli(cfg: DistillConfig) -> int:
+    distill(cfg)
+    return 0
+
+
+if __name__ == "__main__":  # accelerate launch -m headway.data.distill ...
+    from ..cli import main
+
+    sys.exit(main(["distill", *sys.argv[1:]]))

@@ -1,0 +1,321 @@
+"""``headway features``: the target's hidden states over a distilled dataset (EAGLE offline mode).
+
+Layers are named as HF ``hidden_states`` indices (0 = the embeddings, i = the output of decoder
+layer i, which is the input of layer i + 1), plus ``final``: the final hidden state after the
+model's last norm (= ``output_hidden_states[-1]`` in transformers v5), what Medusa and
+EAGLE-1 read. ``eagle3`` expands to EAGLE-3's defaults (2, L//2, L-3).
+
+Output folder::
+
+    features.json              manifest: layers, keys, dtype, target, shards (file, rows, tokens), bytes/token
+    shard-XXXXX.safetensors    per layer key one (tokens, H) tensor for all rows of the shard, concatenated;
+                               input_ids (tokens,) int32, loss_mask (tokens,) int8,
+                               offsets (rows + 1,) int64 and index (rows,) int64 (dataset rows)
+
+``target_features`` is the one function that computes features, here and in online training.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..config import opt
+from .errors import DataError
+from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale, shard_name,
+                     shard_ranges, tmp_name, write_json)
+
+MANIFEST = "features.json"
+FORMAT = "headway-features"
+SUFFIX = ".safetensors"
+STORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class FeaturesConfig:
+    dataset: str = opt(help="a distilled (or tokenized) dataset folder", positional=True)
+    output: str = opt("runs/features", "output folder (resumed if it holds shards of the same settings)")
+    layers: list[str] = opt(default_factory=lambda: ["final"],
+                            help="hidden states to store: 'final' (post-norm, Medusa/EAGLE-1), HF hidden_states "
+                                 "indices (e.g. 2 4 5), or 'eagle3' (2, L//2, L-3)")
+    store_dtype: str = opt("bfloat16", "dtype of the stored features", choices=tuple(STORE_DTYPES))
+    target: str | None = opt(None, "target model (default: the one that distilled the dataset); 'demo' works")
+    revision: str | None = opt(None, "target revision (Hub targets)")
+    adapter: str | None = opt(None, "PEFT adapter folder to merge into the target")
+    dtype: str = opt("float32", "dtype the target runs in", choices=("float32", "bfloat16", "float16"))
+    device: str | None = opt(None, "device (default: the process's accelerate device)")
+    batch_size: int = opt(8, "rows per forward pass")
+    shard_size: int = opt(512, "rows per shard (the unit of resumption)")
+    limit: int | None = opt(None, "use only the first N rows of the dataset")
+    overwrite: bool = opt(False, "delete the output folder first")
+
+    def __post_init__(self) -> None:
+        from .distill import check_choices
+
+        check_choices(self)
+        for name in ("batch_size", "shard_size"):
+            if getattr(self, name) < 1:
+                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+# ---------------------------------------------------------------- layer specs
+
+def parse_layers(layers: Sequence[str | int], num_hidden_layers: int) -> list[str | int]:
+    """Validate and expand a layer spec: 'final', hidden-state indices 0..L, or 'eagle3'."""
+    out: list[str | int] = []
+    for spec in layers:
+        s = str(spec).strip().lower()
+        if s == "final":
+            out.append("final")
+        elif s == "eagle3":
+            out += eagle3_layers(num_hidden_layers)
+        elif s.lstrip("-").isdigit():
+            i = int(s)
+            if not 0 <= i <= num_hidden_layers:
+                raise DataError(f"layer {i} is not a hidden_states index of a {num_hidden_layers}-layer target "
+                                f"(0..{num_hidden_layers}; use 'final' for the post-norm final state)")
+            out.append(i)
+        else:
+            raise DataError(f"unknown layer '{spec}'; use 'final', an integer hidden_states index, or 'eagle3'")
+    if len(set(map(str, out))) != len(out):
+        raise DataError(f"layers {out} repeat a layer")
+    if not out:
+        raise DataError("no layers given")
+    return out
+
+
+def eagle3_layers(num_hidden_layers: int) -> list[int]:
+    """EAGLE-3's default low / middle / high layers: hidden_states indices (2, L//2, L-3)."""
+    layers = [2, num_hidden_layers // 2, num_hidden_layers - 3]
+    if len(set(layers)) < 3 or min(layers) < 0:
+        raise DataError(f"EAGLE-3's default layers (2, L//2, L-3) = {tuple(layers)} are not three distinct layers "
+                        f"of a {num_hidden_layers}-layer target; list hidden_states indices explicitly")
+    return layers
+
+
+def layer_key(layer: str | int) -> str:
+    return "final" if layer == "final" else f"hidden_states.{int(layer)}"
+
+
+def target_features(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    layers: Sequence[str | int]) -> dict[str, torch.Tensor]:
+    """Hidden states of ``layers`` for a batch: {layer_key: (B, T, H)}.
+
+    ``final`` is the post-norm final hidden state; integers index HF ``hidden_states``. The LM
+    head is not run. Used both by ``headway features`` and by online training.
+    """
+    n = model.config.get_text_config().num_hidden_layers
+    index = {layer_key(l): (n if l == "final" else int(l)) for l in layers}
+    with torch.inference_mode():
+        out = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                               output_hidden_states=sorted(set(index.values())), use_cache=False)
+    hidden = out.hidden_states  # L + 1 entries, None where not requested
+    return {k: hidden[i] for k, i in index.items()}  # each (B, T, H)
+
+
+# ---------------------------------------------------------------- writing
+
+def right_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (B, T), padded on the right (positions start at 0)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def shard_tensors(model: nn.Module, rows: list[dict[str, Any]], layers: Sequence[str | int],
+                  store_dtype: torch.dtype, batch_size: int, pad_id: int,
+                  on_batch: Any = None) -> dict[str, torch.Tensor]:
+    """All tensors of one shard: per key the rows' (T_i, H) features concatenated to (sum T_i, H)."""
+    device = next(model.parameters()).device
+    parts: dict[str, list[torch.Tensor]] = {layer_key(l): [] for l in layers}
+    for b in range(0, len(rows), batch_size):
+        batch = [r["input_ids"] for r in rows[b: b + batch_size]]
+        ids, mask = right_pad(batch, pad_id, device)  # (B, T)
+        feats = target_features(model, ids, mask, layers)
+        for k, f in feats.items():
+            parts[k] += [f[i, : len(r)].to("cpu", store_dtype) for i, r in enumerate(batch)]  # (T_i, H)
+        if on_batch is not None:
+            on_batch(len(batch), sum(len(r) for r in batch))
+    lengths = torch.tensor([len(r["input_ids"]) for r in rows], dtype=torch.int64)
+    tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
+    tensors["input_ids"] = torch.tensor([t for r in rows for t in r["input_ids"]], dtype=torch.int32)
+    tensors["loss_mask"] = torch.tensor([t for r in rows for t in r["loss_mask"]], dtype=torch.int8)
+    tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    tensors["index"] = torch.tensor([r["index"] for r in rows], dtype=torch.int64)
+    return tensors
+
+
+def write_feature_shard(folder: Path, j: int, tensors: dict[str, torch.Tensor]) -> Path:
+    from safetensors.torch import save_file
+
+    final = folder / shard_name(j, SUFFIX)
+    tmp = tmp_name(final)
+    meta = {"rows": str(tensors["index"].numel()), "tokens": str(tensors["input_ids"].numel())}
+    save_file(tensors, str(tmp), metadata=meta)
+    os.replace(tmp, final)
+    return final
+
+
+def features(cfg: FeaturesConfig) -> Path:
+    """Compute and store the features of ``cfg.dataset``; resumable, multi-process aware."""
+    from ..target import TargetInfo, load_target
+    from .distill import MANIFEST as DISTILL_MANIFEST, load_distilled, prepare_output
+    from .progress import TokenProgress, console
+    from .runtime import processes
+    from .targets import resolve_target_path
+
+    out = Path(cfg.output).expanduser()
+    data_path = Path(cfg.dataset).expanduser().resolve()
+    ds = load_distilled(data_path)
+    if cfg.limit is not None:
+        ds = ds.select(range(min(cfg.limit, len(ds))))
+    target, revision = dataset_target(data_path, DISTILL_MANIFEST, cfg)
+    procs = processes(cfg.device)
+    if procs.is_main:
+        prepare_output(out, cfg.overwrite, MANIFEST)
+    procs.barrier()
+    with procs.state.main_process_first():
+        target_path = resolve_target_path(target)
+    model, tokenizer = load_target(target_path, cfg.dtype, procs.device, cfg.adapter, revision)
+    info = TargetInfo.of(model, target, revision)
+    layers = parse_layers(cfg.layers, info.num_hidden_layers)
+    settings = {"dataset": str(data_path), "dataset_state": digest((data_path / "state.json").read_text()),
+                "rows": len(ds), "target": target, "revision": revision, "adapter": cfg.adapter, "dtype": cfg.dtype,
+                "layers": [str(l) for l in layers], "store_dtype": cfg.store_dtype, "shard_size": cfg.shard_size}
+    with procs.state.main_process_first():
+        manifest = check_settings(out / MANIFEST, settings, {"format": FORMAT, "version": 1})
+    say = console().print if procs.is_main else (lambda *a, **k: None)
+    if manifest.get("complete"):
+        say(f"{out} is already complete ({manifest['num_rows']} rows); nothing to do")
+        return out
+    ranges = shard_ranges(len(ds), cfg.shard_size)
+    mine = owned_shards(len(ranges), procs.rank, procs.world_size)
+    remove_stale(out, mine)
+    done = complete_shards(out, SUFFIX)
+    todo = [j for j in mine if j not in done]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    store_dtype = STORE_DTYPES[cfg.store_dtype]
+    with TokenProgress("features", sum(len(ranges[j]) for j in todo), enabled=procs.is_main) as bar:
+        for j in todo:
+            rows = ds.select(ranges[j]).to_list()
+            write_feature_shard(out, j, shard_tensors(model, rows, layers, store_dtype, cfg.batch_size, pad_id,
+                                                      bar.advance))
+    procs.barrier()
+    if procs.is_main:
+        final = finish_features(out, len(ranges), manifest, layers, info, store_dtype, bar.tokens_per_s)
+        say(f"features of {final['num_rows']} rows ({final['num_tokens']} tokens) in {out}: "
+            f"{final['bytes_per_token']:.0f} bytes/token, {bar.tokens_per_s:.0f} tok/s")
+    procs.barrier()
+    return out
+
+
+def dataset_target(data_path: Path, manifest_name: str, cfg: FeaturesConfig) -> tuple[str, str | None]:
+    """The target to use: ``cfg.target``, else the one recorded by ``headway distill``."""
+    if cfg.target:
+        return cfg.target, cfg.revision
+    manifest = data_path / manifest_name
+    if manifest.is_file():
+        settings = read_json(manifest).get("settings", {})
+        return settings["target"], cfg.revision or settings.get("revision")
+    raise DataError(f"{data_path} does not record its target; pass --target")
+
+
+def finish_features(out: Path, n_shards: int, manifest: dict[str, Any], layers: list[str | int], info: Any,
+                    store_dtype: torch.dtype, tokens_per_s: float) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    files = complete_shards(out, SUFFIX)
+    missing = [j for j in range(n_shards) if j not in files]
+    if missing:
+        raise DataError(f"{out}: feature shards {missing[:5]} are missing after all processes finished; rerun")
+    shards, disk = [], 0
+    for j in range(n_shards):
+        with safe_open(str(files[j]), "pt") as f:
+            meta = f.metadata()
+        shards.append({"file": files[j].name, "rows": int(meta["rows"]), "tokens": int(meta["tokens"])})
+        disk += files[j].stat().st_size
+    tokens = sum(s["tokens"] for s in shards)
+    keys = [layer_key(l) for l in layers]
+    final = {**manifest, "layers": [str(l) for l in layers], "keys": keys, "dtype": str(store_dtype).split(".")[-1],
+             "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers, "target": asdict(info),
+             "rows_per_shard": manifest["settings"]["shard_size"], "shards": shards,
+             "num_rows": sum(s["rows"] for s in shards), "num_tokens": tokens,
+             "feature_bytes_per_token": len(keys) * info.hidden_size * store_dtype.itemsize,
+             "bytes_per_token": round(disk / max(tokens, 1), 1), "tokens_per_s": round(tokens_per_s, 1),
+             "complete": True}
+    write_json(out / MANIFEST, final)
+    return final
+
+
+# ---------------------------------------------------------------- reading
+
+class FeatureStore:
+    """Read stored features row by row: ``store[i]`` -> {key: (T, H), "input_ids": (T,), "loss_mask": (T,)}.
+
+    Rows are in dataset order; ``store.keys`` are the feature keys (e.g. ``final``,
+    ``hidden_states.2``). Files are memory-mapped; only the asked row is read.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+        if not (self.path / MANIFEST).is_file():
+            raise DataError(f"{self.path} holds no {MANIFEST}; run headway features first")
+        self.manifest = read_json(self.path / MANIFEST)
+        if not self.manifest.get("complete"):
+            raise DataError(f"{self.path} is an unfinished features run; rerun the same command to complete it")
+        self.keys: list[str] = list(self.manifest["keys"])
+        self.shards = self.manifest["shards"]
+        self._starts = [0]
+        for s in self.shards:
+            self._starts.append(self._starts[-1] + s["rows"])
+        self._open: dict[int, tuple[Any, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def _shard(self, j: int) -> tuple[Any, torch.Tensor]:
+        if j not in self._open:
+            from safetensors import safe_open
+
+            f = safe_open(str(self.path / self.shards[j]["file"]), "pt")
+            self._open[j] = (f, f.get_tensor("offsets"))
+        return self._open[j]
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"row {i} out of range for {len(self)} rows")
+        j = bisect.bisect_right(self._starts, i) - 1
+        f, offsets = self._shard(j)
+        r = i - self._starts[j]
+        a, b = int(offsets[r]), int(offsets[r + 1])
+        row = {k: f.get_slice(k)[a:b] for k in self.keys}
+        row["input_ids"] = f.get_slice("input_ids")[a:b].long()
+        row["loss_mask"] = f.get_slice("loss_mask")[a:b].long()
+        return row
+
+    def __repr__(self) -> str:
+        return f"FeatureStore({str(self.path)!r}, rows={len(self)}, keys={self.keys}, dtype={self.manifest['dtype']})"
+
+
+def features_cli(cfg: FeaturesConfig) -> int:
+    features(cfg)
+    return 0
+
+
+if __name__ == "__main__":  # accelerate launch -m headway.data.features ...
+    from ..cli import main
+
+    sys.exit(main(["features", *sys.argv[1:]]))

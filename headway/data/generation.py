@@ -1,0 +1,103 @@
+"""Batched generation by the frozen target: left padding, greedy or sampled, cut at the stop token."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from .errors import DataError
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How the target writes answers. ``temperature == 0`` is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise DataError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise DataError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise DataError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Answer:
+    tokens: list[int]  # what the target wrote, its stop token included when it stopped
+    stopped: bool  # False: cut by max_new_tokens
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), both (B, T), with padding on the left."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def generation_config(settings: SamplingSettings, stop_ids: Sequence[int], pad_id: int) -> Any:
+    """A complete ``GenerationConfig``: values left unset would be filled from the model's own
+    ``generation_config.json`` (a repetition penalty, say), so every processor is set explicitly."""
+    from transformers import GenerationConfig
+
+    sample = settings.temperature > 0
+    neutral = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0, length_penalty=1.0)
+    # Greedy ignores the sampling fields; setting them to transformers' own defaults only keeps
+    # it from warning about the model's sampling defaults.
+    sampling = dict(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, min_p=0.0,
+                    typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0) if sample else dict(
+                    temperature=1.0, top_p=1.0, top_k=50)
+    return GenerationConfig(max_new_tokens=settings.max_new_tokens, do_sample=sample, num_beams=1,
+                            eos_token_id=list(stop_ids), pad_token_id=pad_id, use_cache=True, **neutral, **sampling)
+
+
+@torch.inference_mode()
+def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], settings: SamplingSettings,
+                   stop_ids: Sequence[int], pad_id: int, seed: int | None = None) -> list[Answer]:
+    """Generate an answer to each prompt (token ids) in one left-padded batch.
+
+    ``seed`` seeds torch's RNG first, so a batch's samples are reproducible on resume.
+    """
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id, device)  # (B, T)
+    if seed is not None:
+        torch.manual_seed(seed)
+    out = model.generate(input_ids=ids, attention_mask=mask,
+                         generation_config=generation_config(settings, stop_ids, pad_id))  # (B, T + new)
+    stops = set(stop_ids)
+    answers = []
+    for row in out[:, ids.shape[1]:].tolist():
+        cut = next((i for i, t in enumerate(row) if t in stops), None)
+        answers.append(Answer(row[: cut + 1], True) if cut is not None else Answer(row, False))
+    return answers
+
+
+def stop_token_ids(model: nn.Module, tokenizer: Any, extra: Sequence[str] = ()) -> list[int]:
+    """EOS ids of the model's generation config and tokenizer, plus ``extra`` tokens (e.g. ``<|im_end|>``)."""
+    ids: list[int] = []
+    for src in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        ids += [src] if isinstance(src, int) else list(src or [])
+    for tok in extra:
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if tid is None or tid == tokenizer.unk_token_id:
+            raise DataError(f"stop token '{tok}' is not a single token of the target's tokenizer")
+        ids.append(int(tid))
+    ids = list(dict.fromkeys(int(i) for i in ids))
+    if not ids:
+        raise DataError("the target has no EOS token; name one with --stop-tokens")
+    return ids

@@ -1,0 +1,72 @@
+"""What the target is asked, per sample: the prompt text before each answer, within a token budget.
+
+A plan holds ``pieces``: the text before answer 1, between answers 1 and 2, ... A plain
+completion prompt is one piece (tokenised with the tokenizer's special tokens, e.g. BOS); a
+conversation is split by its chat template (``chat.conversation_pieces``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .chat import conversation_pieces, require_template
+from .errors import DataError
+from .samples import Sample
+
+PROMPT_FORMATS = ("auto", "chat", "raw")
+OVERLONG = ("drop", "truncate")
+
+
+@dataclass(frozen=True)
+class Plan:
+    index: int  # position in the prompt stream (global row order)
+    sample: Sample
+    pieces: list[str]  # template/prompt text before each answer
+    piece_ids: list[list[int]]  # the same, tokenised
+    raw: bool  # a plain completion prompt (no chat template)
+    truncated: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.piece_ids)
+
+
+def make_plan(index: int, sample: Sample, tokenizer: Any, template: str | None, prompt_format: str,
+              target: str) -> Plan:
+    """Pieces for one sample. Chat messages need a template; plain prompts use one unless ``raw``."""
+    if prompt_format not in PROMPT_FORMATS:
+        raise DataError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}, got '{prompt_format}'")
+    messages = sample.messages
+    if messages is None and (prompt_format == "chat" or (prompt_format == "auto" and template)):
+        messages = [{"role": "user", "content": sample.prompt or ""}]
+    if messages is None:
+        ids = tokenizer(sample.prompt, add_special_tokens=True)["input_ids"]
+        return Plan(index, sample, [sample.prompt or ""], [list(ids)], raw=True)
+    template = require_template(template, target, f"row '{sample.id}'")
+    pieces = conversation_pieces(tokenizer, messages, template)
+    piece_ids = [list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in pieces]
+    return Plan(index, sample, pieces, piece_ids, raw=False)
+
+
+def fit_budget(plan: Plan, max_prompt_tokens: int, overlong: str) -> Plan | None:
+    """The plan if its prompt tokens fit; else None (``drop``) or a shortened plan (``truncate``).
+
+    Truncation keeps the leading answers whose prompts fit; if the first prompt alone is too
+    long, its last ``max_prompt_tokens`` tokens are kept (the end holds the question).
+    """
+    if overlong not in OVERLONG:
+        raise DataError(f"overlong must be one of {', '.join(OVERLONG)}, got '{overlong}'")
+    if plan.prompt_tokens <= max_prompt_tokens:
+        return plan
+    if overlong == "drop":
+        return None
+    total, keep = 0, 0
+    for ids in plan.piece_ids:
+        if total + len(ids) > max_prompt_tokens:
+            break
+        total, keep = total + len(ids), keep + 1
+    if keep == 0:
+        first = plan.piece_ids[0][-max_prompt_tokens:]
+        return replace(plan, pieces=plan.pieces[:1], piece_ids=[first], truncated=True)
+    return replace(plan, pieces=plan.pieces[:keep], piece_ids=plan.piece_ids[:keep], truncated=True)

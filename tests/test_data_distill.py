@@ -1,0 +1,216 @@
+"""Self-distillation: loss masks, left padding, multi-turn regeneration, resume, bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from headway.cli import main
+from headway.data import distill as distill_mod
+from headway.data.distill import DistillConfig, distill, load_distilled
+from headway.data.errors import BadRowError, ChatTemplateError, ResumeMismatchError
+from headway.data.generation import SamplingSettings, generate_batch
+from headway.data.vocab import load_token_counts, token_frequencies
+from headway.target import load_target
+from headway.testing import tiny_target
+
+ZEPHYR = ("{% for m in messages %}<|{{ m.role }}|>\n{{ m.content | trim }}{{ eos_token }}\n{% endfor %}"
+          "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+PROMPTS = ["def add(a, b):", "import os\nimport sys\n\nclass Config:", "for i in range(10):",
+           "x = [1, 2, 3]\nprint(", "def main():\n    parser =", "while True:", "class A(object):",
+           "return self._cache[", "with open(path) as f:", "try:\n    import json"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention
+    yield
+    torch.set_num_threads(n)
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def cfg_for(llama_dir, src, out, **kw) -> DistillConfig:
+    base = dict(source=str(src), output=str(out), target=str(llama_dir), max_new_tokens=12, batch_size=3,
+                shard_size=4)
+    return DistillConfig(**{**base, **kw})
+
+
+def spans(mask):
+    """[(start, end)] of the runs of 1s."""
+    out, start = [], None
+    for i, m in enumerate(list(mask) + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i)), None
+            start = None
+    return out
+
+
+def greedy(model, prefix, n, stop=1):
+    """The target's own greedy continuation of ``prefix`` (unbatched), through its stop token."""
+    out = model.generate(torch.tensor([prefix]), max_new_tokens=n, do_sample=False, eos_token_id=stop,
+                         pad_token_id=2)[0, len(prefix):].tolist()
+    return out[: out.index(stop) + 1] if stop in out else out
+
+
+def test_left_padding_gives_the_same_greedy_tokens_as_unbatched():
+    for arch in ("llama", "qwen2", "gpt_neox"):
+        model, tok = tiny_target(arch)
+        prompts = [tok(p)["input_ids"] for p in PROMPTS[:5]]
+        settings = SamplingSettings(max_new_tokens=10)
+        batched = generate_batch(model, prompts, settings, stop_ids=[1], pad_id=2)
+        for p, a in zip(prompts, batched):
+            assert a.tokens == greedy(model, p, 10), arch
+            assert a.stopped == (a.tokens[-1] == 1)
+
+
+def test_sampling_is_reproducible_for_a_seed():
+    model, tok = tiny_target("llama")
+    prompts = [tok(p)["input_ids"] for p in PROMPTS[:4]]
+    s = SamplingSettings(temperature=1.0, top_p=0.9, max_new_tokens=8)
+    a = generate_batch(model, prompts, s, [1], 2, seed=3)
+    assert a == generate_batch(model, prompts, s, [1], 2, seed=3)
+    assert a != generate_batch(model, prompts, s, [1], 2, seed=4)
+
+
+def test_loss_mask_is_exactly_the_target_written_tokens(llama_dir, tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
+    ds = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "out")))
+    model, tok = load_target(str(llama_dir))
+    assert len(ds) == len(PROMPTS) and ds["index"] == list(range(len(PROMPTS)))
+    reasons = set()
+    for row, prompt in zip(ds, PROMPTS):
+        ids, mask = row["input_ids"], row["loss_mask"]
+        n_prompt = len(tok(prompt)["input_ids"])
+        assert tok.decode(ids[:n_prompt]) == prompt and not any(mask[:n_prompt])
+        assert all(mask[n_prompt:])  # all the rest was written by the target
+        assert ids[n_prompt:] == greedy(model, ids[:n_prompt], 12)
+        reasons.add(row["finish_reason"])
+        assert (row["finish_reason"] == "stop") == (ids[-1] == tok.eos_token_id)
+    manifest = json.loads((tmp_path / "out" / "headway_distill.json").read_text())
+    assert manifest["complete"] and manifest["rows"] == len(PROMPTS)
+    assert manifest["settings"]["temperature"] == 0.0 and manifest["target_info"]["architecture"] == "LlamaForCausalLM"
+    assert json.loads(ds.info.description)["generation"]["max_new_tokens"] == 12
+    assert torch.equal(load_token_counts(tmp_path / "out"), token_frequencies(ds, 384))
+    assert not (tmp_path / "out" / "shards").exists()
+
+
+def test_multi_turn_regenerates_every_assistant_turn(llama_dir, tmp_path):
+    conv = [{"role": "user", "content": "Write a loop"}, {"role": "assistant", "content": "OLD ANSWER"},
+            {"role": "user", "content": "Now a function"}]
+    src = write_jsonl(tmp_path / "c.jsonl", [{"messages": conv}, {"messages": conv[:1]},
+                                             {"messages": conv + [{"role": "assistant", "content": "OLD"}]}])
+    (tmp_path / "t.jinja").write_text(ZEPHYR)
+    ds = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "out", chat_template=str(tmp_path / "t.jinja"))))
+    model, tok = load_target(str(llama_dir))
+    for row, n_answers in zip(ds, (2, 1, 2)):
+        ids, mask = row["input_ids"], row["loss_mask"]
+        answers = spans(mask)
+        assert len(answers) == n_answers and "OLD" not in tok.decode(ids)
+        for a, b in answers:  # each answer is the target's greedy answer to exactly the tokens before it
+            assert ids[a:b] == greedy(model, ids[:a], 12)
+        template_text = [tok.decode(ids[s:e]) for s, e in spans([1 - m for m in mask])]
+        assert template_text[0] == "<|user|>\nWrite a loop<|eos|>\n<|assistant|>\n"
+        if n_answers == 2:  # the end-of-turn <|eos|> appears once: written by the target or by the template
+            wrote_eos = ids[answers[0][1] - 1] == tok.eos_token_id
+            assert template_text[1] == ("" if wrote_eos else "<|eos|>") + "\n<|user|>\nNow a function<|eos|>\n<|assistant|>\n"
+
+
+def test_interrupted_run_resumes_to_the_same_dataset(llama_dir, tmp_path, monkeypatch):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
+    full = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "full"))).to_list()
+    real_write, written = distill_mod.write_shard, []
+
+    def write_then_die(folder, j, rows, stats):
+        if len(written) == 1:
+            (folder / "shard-00001.tmp999").mkdir()  # a half-written shard of the killed run
+            raise KeyboardInterrupt
+        written.append(j)
+        return real_write(folder, j, rows, stats)
+
+    monkeypatch.setattr(distill_mod, "write_shard", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        distill(cfg_for(llama_dir, src, tmp_path / "part"))
+    assert sorted(p.name for p in (tmp_path / "part" / "shards").iterdir()) == ["shard-00000", "shard-00001.tmp999"]
+    assert not (tmp_path / "part" / "state.json").exists()
+    with pytest.raises(ResumeMismatchError) as e:  # other settings: refuse to mix, naming the setting
+        distill(cfg_for(llama_dir, src, tmp_path / "part", temperature=0.7))
+    assert "temperature=0.0" in str(e.value) and "temperature=0.7" in str(e.value) and "\n" not in str(e.value)
+    monkeypatch.setattr(distill_mod, "write_shard", real_write)
+    resumed = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "part"))).to_list()
+    assert resumed == full
+    distill(cfg_for(llama_dir, src, tmp_path / "part"))  # a complete folder: nothing to do
+
+
+def test_changed_prompts_refuse_to_resume(llama_dir, tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS[:3]])
+    distill(cfg_for(llama_dir, src, tmp_path / "out"))
+    write_jsonl(src, [{"prompt": p} for p in PROMPTS[3:6]])
+    with pytest.raises(ResumeMismatchError, match="prompts="):
+        distill(cfg_for(llama_dir, src, tmp_path / "out"))
+
+
+def test_overlong_prompts_are_dropped_or_truncated_and_counted(llama_dir, tmp_path):
+    long = "value = compute(" + "x, " * 100 + ")"
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": PROMPTS[0]}, {"prompt": long}, {"prompt": PROMPTS[1]}])
+    ds = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "drop", max_prompt_tokens=40)))
+    assert ds["index"] == [0, 2]
+    assert json.loads((tmp_path / "drop" / "headway_distill.json").read_text())["dropped"] == 1
+    ds = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "cut", max_prompt_tokens=40, overlong="truncate")))
+    assert ds["index"] == [0, 1, 2]
+    row = ds[1]
+    assert row["loss_mask"].index(1) == 40  # the prompt kept its last 40 tokens
+    assert json.loads((tmp_path / "cut" / "headway_distill.json").read_text())["truncated"] == 1
+
+
+def test_bad_rows_stop_the_run_or_are_skipped_and_counted(llama_dir, tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text('{"prompt": "def f():"}\n{"prompt": \n{"prompt": ""}\n{"prompt": "x = 1"}\n')
+    with pytest.raises(BadRowError, match=r"p\.jsonl:2: invalid JSON"):
+        distill(cfg_for(llama_dir, src, tmp_path / "out"))
+    ds = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "out", skip_bad_rows=True)))
+    assert ds["id"] == ["0", "3"]
+    assert json.loads((tmp_path / "out" / "headway_distill.json").read_text())["bad_rows_skipped"] == 2
+
+
+def test_messages_without_a_chat_template_suggest_the_option(llama_dir, tmp_path):
+    src = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "x"}, {"messages": [{"role": "user", "content": "Hi"}]}])
+    with pytest.raises(ChatTemplateError, match="--chat-template") as e:
+        distill(cfg_for(llama_dir, src, tmp_path / "out"))
+    assert "row '1'" in str(e.value)
+
+
+def test_cli_reports_errors_on_one_line(llama_dir, tmp_path, capsys):
+    src = write_jsonl(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "Hi"}]}])
+    rc = main(["distill", str(src), "--output", str(tmp_path / "out"), "--target", str(llama_dir)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading bar
+    assert rc == 2 and err.startswith("headway distill: error:") and "--chat-template" in err and "\n" not in err
+
+
+def test_cli_and_config_file(llama_dir, tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS[:3]])
+    (tmp_path / "d.yaml").write_text(f"source: {src}\ntarget: {llama_dir}\nmax_new_tokens: 5\nshard_size: 2\n")
+    assert main(["distill", "--config", str(tmp_path / "d.yaml"), f"output={tmp_path / 'out'}"]) == 0
+    assert len(load_distilled(tmp_path / "out")) == 3
+
+
+def test_a_foreign_output_folder_is_not_overwritten(llama_dir, tmp_path):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "x"}])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "precious.txt").write_text("keep me")
+    with pytest.raises(Exception, match="not empty"):
+        distill(cfg_for(llama_dir, src, tmp_path / "out"))
+
+
+def test_shipped_demo_config_loads():
+    from headway.config import load_config
+
+    cfg = load_config(DistillConfig, Path(__file__).parents[1] / "configs" / "distill-demo.yaml")
+    assert cfg.source == "demo:train" and cfg.target == "demo"
