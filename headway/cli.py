@@ -36,6 +36,10 @@ COMMANDS: dict[str, Command] = {
                       "headway.heads.importers:ImportConfig", "headway.heads.importers:import_cli"),
     "train": Command("Train Medusa / EAGLE heads on the frozen target (= accelerate launch -m headway.train).",
                      "headway.train.config:TrainConfig", "headway.train.loop:train_cli"),
+    "generate": Command("Generate with the tree speculative decoder: the target's exact output, faster.",
+                        "headway.decode.cli:GenerateConfig", "headway.decode.cli:generate_cli"),
+    "chat": Command("Interactive chat (or completion) with the speculative decoder.",
+                    "headway.decode.cli:ChatConfig", "headway.decode.cli:chat_cli"),
 }
 
 

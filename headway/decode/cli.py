@@ -1,0 +1,100 @@
+"""``headway generate`` and ``headway chat``."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from ..config import opt
+
+
+@dataclass
+class GenerateConfig:
+    target: str = opt(help="target model: a folder, a Hub id, or 'demo' for the demo target")
+    heads: str = opt(help="heads checkpoint: a folder or a Hub id")
+    prompt: str = opt("", "the prompt (plain text; chat targets get their chat template with --chat)")
+    max_new_tokens: int = opt(128, "tokens to generate at most")
+    temperature: float = opt(0.0, "0 = greedy (exact); > 0 samples (exact in distribution)")
+    top_p: float = opt(1.0, "nucleus sampling mass")
+    top_k: int = opt(0, "top-k sampling (0 = off)")
+    seed: int | None = opt(None, "random seed for sampling")
+    tree: str | None = opt(None, "tree shape: chain-N, mc_sim_7b_63, static:[[0],[0,0]], dynamic[-K-DEPTH-TOTAL]; "
+                                 "default: the tuned tree stored with the heads, else a kind default")
+    stop: list[str] = opt(default_factory=list, help="stop strings")
+    stream: bool = opt(False, "print tokens as they are accepted")
+    chat: bool = opt(False, "apply the tokenizer's chat template to the prompt")
+    dtype: str = opt("float32", "target dtype (float32 | bfloat16 | float16)")
+    device: str | None = opt(None, "device (default: cuda if available, else cpu)")
+    adapter: str | None = opt(None, "PEFT adapter to merge into the target (Medusa-2); default: the one the heads record")
+
+
+@dataclass
+class ChatConfig:
+    target: str = opt(help="target model: a folder, a Hub id, or 'demo'")
+    heads: str = opt(help="heads checkpoint: a folder or a Hub id")
+    max_new_tokens: int = opt(256, "tokens per reply at most")
+    temperature: float = opt(0.0, "0 = greedy")
+    top_p: float = opt(1.0, "nucleus sampling mass")
+    tree: str | None = opt(None, "tree shape (see headway generate --help)")
+    dtype: str = opt("float32", "target dtype")
+    device: str | None = opt(None, "device")
+
+
+def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: str | None, adapter: str | None = None):
+    from ..data.targets import resolve_target_path
+    from .speculator import Speculator
+
+    return Speculator.from_pretrained(resolve_target_path(target), heads, tree=tree, dtype=dtype, device=device,
+                                      adapter=adapter)
+
+
+def generate_cli(cfg: GenerateConfig) -> int:
+    from .speculator import DecodeError
+
+    if not cfg.prompt:
+        raise DecodeError("give a prompt with --prompt '...'")
+    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter)
+    kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+              stop=cfg.stop, seed=cfg.seed, chat=cfg.chat)
+    if cfg.stream:
+        from .speculator import GenerationStats
+
+        stats = GenerationStats()
+        steps = spec.stream(cfg.prompt, stats=stats, **kw)
+        for piece in spec._text_stream(steps, cfg.stop):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        print()
+    else:
+        out = spec.generate(cfg.prompt, **kw)
+        stats = out.stats
+        print(out.text)
+    print(f"[{type(spec.heads).__name__} tree={getattr(spec.tree, 'name', spec.tree)}] {stats.summary()}",
+          file=sys.stderr)
+    return 0
+
+
+def chat_cli(cfg: ChatConfig) -> int:
+    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device)
+    has_template = bool(getattr(spec.tokenizer, "chat_template", None))
+    history: list[dict] = []
+    print("headway chat: empty line or Ctrl-D to quit" + ("" if has_template else
+          " (no chat template: each line is a plain completion prompt)"), file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        prompt = history + [{"role": "user", "content": line}] if has_template else line
+        pieces = []
+        for piece in spec.generate(prompt, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                   top_p=cfg.top_p, stream=True):
+            pieces.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        print()
+        if has_template:
+            history += [{"role": "user", "content": line}, {"role": "assistant", "content": "".join(pieces)}]
+    return 0

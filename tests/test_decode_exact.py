@@ -1,0 +1,165 @@
+"""Greedy speculative output must equal the target's own greedy output, token for token."""
+
+import pytest
+import torch
+
+from headway.decode import Speculator
+from headway.decode import speculator as speculator_module
+from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.testing import ARCHITECTURES, sample_texts, tiny_target
+
+SHAPES = ["chain-4", "mc_sim_7b_63", "dynamic-4-4-12"]
+KINDS = ["medusa", "eagle1", "eagle3"]
+
+
+def make_heads(kind, model, seed=1):
+    torch.manual_seed(seed)
+    if kind == "medusa":
+        heads = MedusaHeads.for_target(model, num_heads=4)
+        with torch.no_grad():  # random (not zero) ResBlocks so the heads disagree with each other
+            for p in heads.blocks.parameters():
+                p.normal_(0, 0.05)
+        return heads
+    if kind == "eagle1":
+        return Eagle1Drafter.for_target(model)
+    return Eagle3Drafter.for_target(model, draft_vocab_size=200)
+
+
+def prompts(tok, n=20, seed=0):
+    """Code prefixes of varied length from real source."""
+    g = torch.Generator().manual_seed(seed)
+    text = "\n".join(sample_texts(60_000))
+    out = []
+    for _ in range(n):
+        start = int(torch.randint(0, len(text) - 400, (1,), generator=g))
+        length = int(torch.randint(10, 300, (1,), generator=g))
+        out.append(tok(text[start:start + length])["input_ids"][:120] or [5])
+    return out
+
+
+def reference(model, ids, max_new):
+    x = torch.tensor([ids])
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                         pad_token_id=2)
+    return out[0, len(ids):].tolist()
+
+
+class OracleProposer:
+    """Drafts the reference continuation at rank 0 most of the time (else at rank 1), so that trees
+    are accepted in part, in full, or not at all: every acceptance path of the verifier is exercised."""
+
+    def __init__(self, inner, ref_full, prompt_len, vocab, seed=0):
+        self.inner, self.ref, self.n, self.V = inner, ref_full, prompt_len, vocab
+        self.max_depth = inner.max_depth
+        self.feature_layers = inner.feature_layers
+        self.g = torch.Generator().manual_seed(seed)
+
+    def prefill(self, input_ids, features, first):
+        self.root_pos = input_ids.shape[1]
+
+    def accept(self, tokens, features, start):
+        self.root_pos = start + tokens.numel() - 1
+
+    def _dist(self, depth):
+        pos = self.root_pos + depth - self.n  # index into the generated continuation
+        logp = torch.randn(self.V, generator=self.g)
+        if 0 <= pos < len(self.ref):
+            want = self.ref[pos]
+            good = torch.rand((), generator=self.g) < 0.7
+            logp[want] = 20.0 if good else 10.0
+            if not good:
+                logp[(want + 1) % self.V] = 20.0
+        return logp.log_softmax(-1)
+
+    def root_logprobs(self):
+        return self._dist(1)
+
+    def expand(self, parent_rows, tokens, depth):
+        return self._dist(depth + 1).expand(tokens.numel(), -1)
+
+    def end_tree(self):
+        pass
+
+    def to_target_ids(self, ids):
+        return ids
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {arch: tiny_target(arch) for arch in ARCHITECTURES}
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_heads_match_greedy_generate(models, arch, kind):
+    model, tok = models[arch]
+    heads = make_heads(kind, model)
+    ps = prompts(tok)
+    refs = [reference(model, p, 12) for p in ps]
+    for shape in SHAPES:
+        spec = Speculator(model, tok, heads, tree=shape)
+        for p, ref in zip(ps, refs):
+            out = spec.generate(p, max_new_tokens=12)
+            assert out.ids == ref, (arch, kind, shape, p)
+            assert out.stats.new_tokens == len(ref)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt_neox"])
+def test_oracle_drafts_exercise_acceptance_and_stay_exact(models, arch):
+    model, tok = models[arch]
+    V = model.config.vocab_size
+    taus = []
+    for kind, shape in [("medusa", "mc_sim_7b_63"), ("eagle1", "dynamic-4-5-16"), ("eagle3", "chain-5")]:
+        spec = Speculator(model, tok, make_heads(kind, model), tree=shape)
+        for i, p in enumerate(prompts(tok, n=6, seed=3)):
+            ref = reference(model, p, 100)  # long: the cache is grown and compacted many times
+            spec.proposer = OracleProposer(spec.proposer, ref, len(p), V, seed=i)
+            out = spec.generate(p, max_new_tokens=100)
+            assert out.ids == ref, (arch, kind, shape, i)
+            taus.append(out.stats.tau)
+            assert sum(out.stats.accepted_per_depth[:1]) > 0
+    assert min(taus) > 1.5  # drafts were really accepted, often several per step
+
+
+def test_prompt_near_context_limit(models):
+    model, tok = models["llama"]
+    limit = model.config.max_position_embeddings
+    text = "\n".join(sample_texts(80_000))
+    ids = tok(text)["input_ids"][: limit - 10]
+    ref = reference(model, ids, 10)
+    for kind, shape in [("medusa", "mc_sim_7b_63"), ("eagle3", "dynamic-4-4-12")]:
+        spec = Speculator(model, tok, make_heads(kind, model), tree=shape)
+        spec.proposer = OracleProposer(spec.proposer, ref, len(ids), model.config.vocab_size)
+        out = spec.generate(ids, max_new_tokens=50)  # capped at the context window
+        assert out.ids == ref and len(ids) + len(out.ids) == limit and out.stats.stopped_by == "length"
+
+
+def test_stops_at_eos(models):
+    model, tok = models["llama"]
+    p = prompts(tok, n=1)[0]
+    ref = reference(model, p, 30)
+    eos = ref[7]
+    model.generation_config.eos_token_id = eos
+    try:
+        spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4")
+        spec.proposer = OracleProposer(spec.proposer, ref, len(p), model.config.vocab_size)
+        out = spec.generate(p, max_new_tokens=30)
+        assert out.ids == ref[: ref.index(eos) + 1] and out.stats.stopped_by == "eos"
+    finally:
+        model.generation_config.eos_token_id = 1
+
+
+def test_corrupted_mask_is_caught(models, monkeypatch):
+    """The comparison can fail: a tree mask that lets nodes see their siblings breaks exactness."""
+    model, tok = models["llama"]
+    heads = make_heads("medusa", model)
+    ps = prompts(tok, n=5)
+    real = speculator_module.additive_mask
+
+    def leaky(visible, prefix_len, dtype):
+        return real(torch.ones_like(visible), prefix_len, dtype)
+
+    monkeypatch.setattr(speculator_module, "additive_mask", leaky)
+    spec = Speculator(model, tok, heads, tree="mc_sim_7b_63")
+    mismatches = sum(spec.generate(p, max_new_tokens=16).ids != reference(model, p, 16) for p in ps)
+    assert mismatches >= 1

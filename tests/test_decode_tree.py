@@ -1,0 +1,106 @@
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headway.decode.shapes import MC_SIM_7B_63, StaticShape, chain, from_accuracies, mc_sim_7b_63
+from headway.decode.tree import (ancestor_mask, check_parents, retrieve_indices, tree_attention_mask, tree_depth,
+                                 tree_position_ids)
+
+
+@st.composite
+def trees(draw, max_nodes=40):
+    n = draw(st.integers(1, max_nodes))
+    parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, n)]
+    return torch.tensor(parents)
+
+
+def ancestors_by_walking(parents, i):
+    out = {i}
+    while parents[i] >= 0:
+        i = parents[i]
+        out.add(i)
+    return out
+
+
+def test_hand_drawn_tree():
+    #      0
+    #    /   \
+    #   1     2
+    #  / \     \
+    # 3   4     5
+    #     |
+    #     6
+    parents = torch.tensor([-1, 0, 0, 1, 1, 2, 4])
+    assert tree_depth(parents).tolist() == [0, 1, 1, 2, 2, 2, 3]
+    anc = ancestor_mask(parents).int()
+    assert anc[6].tolist() == [1, 1, 0, 0, 1, 0, 1]
+    assert anc[5].tolist() == [1, 0, 1, 0, 0, 1, 0]
+    assert tree_position_ids(parents, 10).tolist() == [[10, 11, 11, 12, 12, 12, 13]]
+    paths = retrieve_indices(parents).tolist()
+    assert sorted(paths) == sorted([[0, 1, 3, -1], [0, 2, 5, -1], [0, 1, 4, 6]])
+    mask = tree_attention_mask(parents, 3, torch.float32)
+    assert mask.shape == (1, 1, 7, 10) and mask.dtype == torch.float32
+    assert (mask[0, 0, :, :3] == 0).all()  # prefix visible to all
+    assert mask[0, 0, 6, 3 + 2] == torch.finfo(torch.float32).min  # node 6 cannot see node 2
+    assert mask[0, 0, 6, 3 + 4] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees())
+def test_every_node_sees_exactly_its_ancestors_and_itself(parents):
+    check_parents(parents)
+    anc = ancestor_mask(parents)
+    p = parents.tolist()
+    for i in range(len(p)):
+        assert set(anc[i].nonzero().flatten().tolist()) == ancestors_by_walking(p, i)
+    mask = tree_attention_mask(parents, 5, torch.float16)
+    assert ((mask[0, 0, :, 5:] == 0) == anc).all()
+    assert (tree_depth(parents) == anc.sum(1) - 1).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees())
+def test_retrieve_paths_are_root_to_leaf_paths(parents):
+    p = parents.tolist()
+    leaves = set(range(len(p))) - set(p[1:])
+    got = []
+    for row in retrieve_indices(parents).tolist():
+        path = [x for x in row if x >= 0]
+        assert row[len(path):] == [-1] * (len(row) - len(path))  # padding only at the end
+        got.append(path)
+    expected = []
+    for leaf in leaves:
+        path = [leaf]
+        while p[path[-1]] >= 0:
+            path.append(p[path[-1]])
+        expected.append(path[::-1])
+    assert sorted(got) == sorted(expected)
+
+
+def test_check_parents_rejects_bad_trees():
+    import pytest
+
+    for bad in ([0, 0], [-1, -1], [-1, 1], [-1, 0, 3, 0]):
+        with pytest.raises(ValueError):
+            check_parents(torch.tensor(bad))
+
+
+def test_published_medusa_tree():
+    shape = mc_sim_7b_63()
+    assert len(MC_SIM_7B_63) == 63 and shape.size == 64 and shape.depth == 4
+    # node order is by depth, so parents precede children
+    check_parents(shape.parents)
+
+
+def test_chain_and_static_shapes():
+    c = chain(3)
+    assert c.parents.tolist() == [-1, 0, 1, 2] and c.ranks.tolist() == [0, 0, 0, 0]
+    s = StaticShape([(1, 0)])  # the missing prefix (1,) is added
+    assert s.paths == [(1,), (1, 0)] and s.parents.tolist() == [-1, 0, 1] and s.ranks.tolist() == [0, 1, 0]
+
+
+def test_tree_from_measured_accuracy_prefers_likely_paths():
+    acc = [[0.8, 0.1, 0.05], [0.6, 0.2, 0.1], [0.5, 0.1, 0.1]]
+    shape = from_accuracies(acc, num_nodes=4)
+    # expected gains: (0)=.8, (0,0)=.48, (0,0,0)=.24, (0,1)=.16, (1)=.1 -> the best four
+    assert set(shape.paths) == {(0,), (0, 0), (0, 0, 0), (0, 1)}
