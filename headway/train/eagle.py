@@ -1,0 +1,201 @@
+"""EAGLE-1 / EAGLE-3 training tasks for the one loop (the ``Task`` interface of tasks.py).
+
+The losses and the acceptance metric are the pure functions of ``ttt.py``; this file only
+wires them to a ``TargetBatch``: which target layers to read, the draft vocabulary, the
+EAGLE-1 input noise, and evaluation sums. Online and offline training feed the same
+``TargetBatch`` fields (``hidden`` at ``feature_layers`` plus ``logits``), so a task never
+knows which route its batch came by.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase
+from .config import TrainConfig
+from .tasks import TASKS, ParamGroup, TargetBatch
+from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, shift_left,
+                  summarize_acceptance, unroll)
+
+EVAL_DEPTH = 5  # drafted tokens per simulated chain; the same depth as Medusa's default 5 heads
+
+
+def draft_vocab_counts(data: str, vocab_size: int) -> torch.Tensor:
+    """Answer-token frequencies of the training data: the dataset's token_counts, else counted now."""
+    from ..data.errors import DataError
+    from ..data.vocab import load_token_counts, token_frequencies
+
+    try:
+        counts = load_token_counts(data)
+    except DataError:
+        from datasets import load_from_disk
+
+        counts = token_frequencies(load_from_disk(str(Path(data).expanduser())), vocab_size)
+    if counts.numel() != vocab_size:
+        raise ValueError(f"token counts of {data} cover {counts.numel()} ids, but the target vocabulary has "
+                         f"{vocab_size}; was the data distilled with another tokenizer?")
+    return counts
+
+
+def noise_seed(seed: int, step: int, input_ids: Tensor) -> int:
+    """EAGLE-1's input noise is a pure function of (seed, step, batch contents): a resumed run
+    draws exactly the noise the uninterrupted one did, whatever else consumed the global RNG."""
+    data = zlib.crc32(input_ids.detach().to("cpu", torch.int64).numpy().tobytes())
+    return (seed * 1_000_003 + step) * 4_294_967_311 + data & (2**63 - 1)
+
+
+def eval_sums(drafter: nn.Module, tb: TargetBatch, hidden: Tensor, depth: int) -> dict[str, Tensor]:
+    """Fixed-shape sums for the loop to add over batches and processes.
+
+    ``accept_hist``: the simulated chain against the data's tokens (as Medusa's chain metric;
+    on sampled data, acceptance at the distillation temperature); ``accept_hist_greedy``:
+    against the target's argmax (greedy decoding); ``top1_hits[j]``: chain starts where step j,
+    fed the data's tokens and the drafter's own features as in training, predicts the data's token."""
+    data_next = shift_left(tb.input_ids, 1)  # (B, T) x_{s+1}
+    accepted, start = chain_accepted(drafter, tb.input_ids, hidden, data_next, tb.loss_mask, depth)
+    greedy, _ = chain_accepted(drafter, tb.input_ids, hidden, tb.logits.argmax(-1), tb.loss_mask, depth)
+    hits = []
+    with torch.no_grad():
+        for j, (_, logits) in enumerate(unroll(drafter, tb.input_ids, hidden, depth)):
+            ok = drafter.to_target_ids(logits.argmax(-1)) == shift_left(data_next, j + 1)
+            hits.append((ok & start).sum())
+    return {"accept_hist": acceptance_stats(accepted, start, depth)["accept_hist"],
+            "accept_hist_greedy": acceptance_stats(greedy, start, depth)["accept_hist"],
+            "top1_hits": torch.stack(hits).float(), "starts": start.sum().float().reshape(1)}
+
+
+def summarize(stats: dict[str, Tensor]) -> dict[str, Any]:
+    """Summed eval stats -> tau (1 + mean accepted, bonus token included) against the data and
+    against the target's greedy choice, acceptance by depth, top-1 per step."""
+    out = summarize_acceptance(stats)
+    greedy = summarize_acceptance({"accept_hist": stats["accept_hist_greedy"]})
+    n = float(stats["starts"].sum().clamp(min=1))
+    for k in ("tau", "mean_accepted"):
+        if k in out:
+            out[k] = round(out[k], 4)
+    out["accept_rate_by_depth"] = [round(x, 4) for x in out["accept_rate_by_depth"]]
+    out["accept_hist"] = [int(x) for x in stats["accept_hist"]]
+    out["top1"] = [round(float(x) / n, 4) for x in stats["top1_hits"]]
+    out["tau_greedy"] = round(greedy["tau"], 4)
+    out["accept_rate_by_depth_greedy"] = [round(x, 4) for x in greedy["accept_rate_by_depth"]]
+    return out
+
+
+class _EagleTask:
+    """What EAGLE-1 and EAGLE-3 share: frozen target, one param group, logits needed, chain eval."""
+
+    kind: str
+    eval_depth = EVAL_DEPTH
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.opts = cfg.eagle
+
+    def adapt_target(self, target: nn.Module) -> nn.Module:
+        return target
+
+    def feature_layers(self, heads: HeadsBase) -> list[int]:
+        return list(heads.feature_layers)
+
+    def needs_logits(self) -> bool:
+        return True
+
+    def param_groups(self, heads: HeadsBase, target: nn.Module) -> list[ParamGroup]:
+        return [ParamGroup("heads", [p for p in heads.parameters() if p.requires_grad], self.cfg.optim.head_lr_mult)]
+
+    def hidden(self, heads: HeadsBase, tb: TargetBatch) -> Tensor:
+        return heads.fuse([tb.hidden[i] for i in heads.feature_layers])  # (B, T, H)
+
+    def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
+        return eval_sums(heads, tb, self.hidden(heads, tb), self.eval_depth)
+
+    def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
+        return summarize(stats)
+
+    def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None:
+        heads.save_pretrained(out_dir)
+
+
+class Eagle1Task(_EagleTask):
+    """EAGLE-1: SmoothL1 on the next feature + 0.1 soft CE, uniform noise on the input features."""
+
+    kind = "eagle1"
+
+    def build(self, target: nn.Module) -> HeadsBase:
+        return Eagle1Drafter.for_target(target, fc_bias=self.opts.fc_bias)
+
+    def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        f = tb.hidden[-1]  # (B, T, H) final post-norm state
+        g = torch.Generator(device=f.device).manual_seed(noise_seed(self.cfg.seed, step, tb.input_ids))
+        u = torch.rand(f.shape, generator=g, device=f.device, dtype=torch.float32)
+        noise = (u - 0.5) * self.opts.noise  # U(-noise/2, noise/2); the paper's U(-0.1, 0.1) at noise=0.2
+        return eagle1_loss(heads, tb.input_ids, f, tb.logits, tb.loss_mask, noise=noise,
+                           feature_weight=self.opts.feature_weight, ce_weight=self.opts.ce_weight)
+
+
+class Eagle3Task(_EagleTask):
+    """EAGLE-3: three fused target layers, reduced draft vocabulary, training-time test."""
+
+    kind = "eagle3"
+
+    def build(self, target: nn.Module) -> HeadsBase:
+        V = int(target.get_output_embeddings().weight.shape[0])
+        n = self.opts.draft_vocab_size or V
+        heads = Eagle3Drafter.for_target(target, draft_vocab_size=n, aux_layers=list(self.opts.aux_layers) or None)
+        info: dict[str, Any] = {"size": n, "target_vocab_size": V}
+        if n < V:
+            from ..data.vocab import draft_vocab
+
+            counts = draft_vocab_counts(self.cfg.data, V)
+            ids, _, _ = draft_vocab(counts, n)
+            heads.set_draft_vocab(ids.to(heads.d2t.device))
+            info["answer_token_coverage"] = round(float(counts[ids].sum()) / max(1, int(counts.sum())), 4)
+        heads.metadata["draft_vocab"] = info
+        return heads
+
+    def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        return eagle3_ttt_loss(heads, tb.input_ids, self.hidden(heads, tb), tb.logits, tb.loss_mask,
+                               steps=self.opts.ttt_steps, decay=self.opts.step_decay)
+
+
+
+def feature_batch(rows: list[dict[str, Tensor]], layers: list[int], lm_head: nn.Module | None,
+                  pad_id: int = 0) -> TargetBatch:
+    """Offline route: ``FeatureStore`` rows -> the ``TargetBatch`` online training builds.
+
+    Layer -1 reads the stored ``final`` state, layer i ``hidden_states.i``; the logits are the
+    target's ``lm_head`` on the final state (store ``final`` with the EAGLE-3 layers), exactly
+    what the target's forward computes. Rows are right-padded like ``collate``."""
+    B, T = len(rows), max(int(r["input_ids"].numel()) for r in rows)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.long)
+    loss_mask = torch.zeros(B, T, dtype=torch.long)
+    hidden: dict[int, Tensor] = {}
+    for i in sorted(set(layers) | ({-1} if lm_head is not None else set())):
+        key = "final" if i == -1 else f"hidden_states.{i}"
+        ref = rows[0][key]
+        hidden[i] = ref.new_zeros(B, T, ref.shape[-1])  # (B, T, H)
+    for b, r in enumerate(rows):
+        n = int(r["input_ids"].numel())
+        ids[b, :n], attn[b, :n], loss_mask[b, :n] = r["input_ids"], 1, r["loss_mask"]
+        for i, h in hidden.items():
+            h[b, :n] = r["final" if i == -1 else f"hidden_states.{i}"]
+    logits = None
+    if lm_head is not None:
+        device = lm_head.weight.device
+        hidden = {i: h.to(device) for i, h in hidden.items()}
+        with torch.no_grad():
+            logits = lm_head(hidden[-1].to(lm_head.weight.dtype))  # (B, T, V)
+        ids, attn, loss_mask = ids.to(device), attn.to(device), loss_mask.to(device)
+    return TargetBatch(input_ids=ids, attention_mask=attn, loss_mask=loss_mask, hidden=hidden, logits=logits)
+
+
+TASKS["eagle1"] = Eagle1Task
+TASKS["eagle3"] = Eagle3Task
+
+__all__ = ["Eagle1Task", "Eagle3Task", "draft_vocab_counts", "eval_sums", "feature_batch", "summarize"]

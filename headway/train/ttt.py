@@ -1,0 +1,182 @@
+"""EAGLE losses and the drafter's simulated acceptance, as pure functions (design.md §3).
+
+Conventions (shared with the tree decoder): the drafter's input at sequence index t is the
+token x_{t+1} and the feature f_t, at position id t; its output at t predicts f_{t+1} and its
+logits predict x_{t+2}, whose target distribution is the target's logits at t+1.
+
+**Training-time test** (EAGLE-3) unrolls the drafter ``steps`` times over the whole sequence
+at once. Step j at index t has position id t+j, reads token x_{t+j+1} and, for j > 0, the
+step j-1 output at index t as its hidden state. It attends to the step-0 keys at indices
+<= t (the true prefix) and to the step 1..j keys at index t only: exactly what a depth-j
+tree node sees at inference (the drafter's cached prefix, its ancestors and itself). Keys of
+all steps go through one ``DraftCache``, so step j's keys are ``(j+1) * T`` long and
+``ttt_mask(T, j)`` is that visibility pattern.
+
+The label of step j at index t is the target's distribution at position t+j+1, masked where
+(a) t+j+2 is past the sequence end, (b) ``loss_mask`` is 0 at the predicted token x_{t+j+2},
+or (c) the target's argmax there is outside the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..heads.layers import DraftCache
+
+
+def ttt_mask(T: int, step: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """Float additive mask (1, 1, T, (step+1)*T) for unrolled step ``step`` (0-based).
+
+    Columns are the keys of steps 0..step, T per step. Query t sees step-0 keys 0..t (causal)
+    and, in each later step's block, only key t (the diagonal)."""
+    idx = torch.arange(T, device=device)
+    causal = idx[None, :] <= idx[:, None]  # (T, T) step-0 block
+    diag = idx[None, :] == idx[:, None]  # (T, T) each later block
+    visible = torch.cat([causal] + [diag] * step, dim=1)  # (T, (step+1)*T)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device)
+    return mask.masked_fill(~visible, torch.finfo(dtype).min)[None, None]
+
+
+def shift_left(x: Tensor, n: int, fill: float | int | bool = 0) -> Tensor:
+    """x (B, T, ...) -> y with y[:, t] = x[:, t+n], ``fill`` past the end."""
+    if n == 0:
+        return x
+    pad = x.new_full((x.shape[0], min(n, x.shape[1]), *x.shape[2:]), fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def unroll(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, steps: int,
+           own_tokens: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+    """Run the drafter ``steps`` times over the whole sequence; yields (output (B, T, H), logits).
+
+    ``hidden`` (B, T, H) is the step-0 hidden input (EAGLE-1: the target feature f_t; EAGLE-3:
+    the fused features). Step j reads token x_{t+j+1} from the data, or with ``own_tokens`` the
+    drafter's own greedy token from step j-1 (the autoregressive chain used for evaluation)."""
+    B, T = input_ids.shape
+    cache = DraftCache()
+    pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)  # (B, T)
+    ids = shift_left(input_ids, 1)  # (B, T): x_{t+1}
+    dtype = drafter.fc.weight.dtype
+    for j in range(steps):
+        mask = ttt_mask(T, j, dtype, input_ids.device)
+        out = drafter(ids, hidden, pos + j, mask, cache)  # (B, T, H)
+        logits = drafter.logits(out)  # (B, T, V or Vd)
+        yield out, logits
+        hidden = out
+        if j + 1 < steps:
+            ids = drafter.to_target_ids(logits.argmax(-1)) if own_tokens else shift_left(input_ids, j + 2)
+
+
+def label_mask(loss_mask: Tensor, shift: int) -> Tensor:
+    """(B, T) bool: index t is trained iff token t+shift exists and has loss_mask 1."""
+    return shift_left(loss_mask.bool(), shift, False)
+
+
+def soft_ce(logits: Tensor, target_logp: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """Mean over valid positions of -sum_v p(v) log q(v); also the valid count.
+
+    logits (B, T, V) draft; target_logp (B, T, V) target log-probs; valid (B, T) bool."""
+    logq = F.log_softmax(logits.float(), dim=-1)
+    ce = -(target_logp.exp() * logq).sum(-1)  # (B, T)
+    n = valid.sum()
+    return (ce * valid).sum() / n.clamp(min=1), n
+
+
+def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target_logits: Tensor,
+                    loss_mask: Tensor, steps: int = 7, decay: float = 0.8) -> tuple[Tensor, dict[str, Tensor]]:
+    """EAGLE-3 training-time-test loss: sum_j decay^j * CE_j over the draft vocabulary.
+
+    input_ids (B, T); fused (B, T, H) = drafter.fuse(target features); target_logits (B, T, V)
+    over the full target vocabulary; loss_mask (B, T). Returns (loss, metrics) where metrics
+    hold per-step ``ce{j}`` and ``acc{j}`` (draft argmax == target argmax) as 0-d tensors."""
+    draft_ids = torch.arange(drafter.d2t.numel(), device=input_ids.device) + drafter.d2t  # (Vd,) target ids
+    tl = target_logits.float()
+    target_logp = F.log_softmax(tl[..., draft_ids], dim=-1)  # (B, T, Vd), renormalised on the draft vocab
+    target_top = tl.argmax(-1)  # (B, T) target ids
+    in_vocab = drafter.t2d[target_top]  # (B, T)
+    loss = fused.new_zeros((), dtype=torch.float32)
+    metrics: dict[str, Tensor] = {}
+    for j, (_, logits) in enumerate(unroll(drafter, input_ids, fused, steps)):
+        valid = label_mask(loss_mask, j + 2) & shift_left(in_vocab, j + 1, False)  # (B, T)
+        ce, n = soft_ce(logits, shift_left(target_logp, j + 1), valid)
+        loss = loss + decay ** j * ce
+        hit = (drafter.to_target_ids(logits.argmax(-1)) == shift_left(target_top, j + 1)) & valid
+        metrics[f"ce{j}"] = ce.detach()
+        metrics[f"acc{j}"] = hit.sum().float() / n.clamp(min=1)
+    return loss, metrics
+
+
+def eagle1_loss(drafter: nn.Module, input_ids: Tensor, features: Tensor, target_logits: Tensor,
+                loss_mask: Tensor, noise: Tensor | None = None, feature_weight: float = 1.0,
+                ce_weight: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+    """EAGLE-1: SmoothL1(predicted f_{t+1}, f_{t+1}) + ce_weight * soft CE(target distribution at t+1).
+
+    features (B, T, H) final post-norm target states; target_logits (B, T, V); ``noise``
+    (B, T, H) is added to the input features only (the paper's U(-0.1, 0.1)); the caller draws
+    it so its randomness is explicit."""
+    inputs = features if noise is None else features + noise.to(features.dtype)
+    B, T = input_ids.shape
+    pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)
+    mask = ttt_mask(T, 0, drafter.fc.weight.dtype, input_ids.device)  # plain causal
+    pred = drafter(shift_left(input_ids, 1), inputs, pos, mask)  # (B, T, H)
+    valid = label_mask(loss_mask, 2)  # (B, T)
+    n = valid.sum().clamp(min=1)
+    target_feat = shift_left(features, 1).float()  # (B, T, H) f_{t+1}
+    fl = F.smooth_l1_loss(pred.float(), target_feat, reduction="none").mean(-1)  # (B, T)
+    feat_loss = (fl * valid).sum() / n
+    tl = shift_left(target_logits, 1).float()
+    logits = drafter.logits(pred)  # (B, T, V)
+    ce, _ = soft_ce(logits, F.log_softmax(tl, dim=-1), valid)
+    acc = ((logits.detach().argmax(-1) == tl.argmax(-1)) & valid).sum().float() / n
+    loss = feature_weight * feat_loss + ce_weight * ce
+    return loss, {"feature": feat_loss.detach(), "ce0": ce.detach(), "acc0": acc}
+
+
+@torch.no_grad()
+def chain_accepted(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, next_tokens: Tensor,
+                   loss_mask: Tensor, depth: int) -> tuple[Tensor, Tensor]:
+    """Simulated greedy-draft acceptance of the drafter's own chain from every position.
+
+    ``next_tokens`` (B, T) is the verifier's token after position s: the data's x_{s+1}, or the
+    target's argmax at s. From index t the drafter drafts ``depth`` tokens feeding back its own
+    tokens and features (as the tree decoder does); step j's token is accepted while it equals
+    next_tokens[t+j+1]. Returns (accepted (B, T) long in 0..depth, start (B, T) bool): chains
+    start where all ``depth`` predicted tokens x_{t+2..t+depth+1} are answer tokens (loss_mask
+    1), the positions Medusa's chain metric counts.
+
+    Against the data's tokens this is exact: while the chain is accepted its tokens *are* the
+    data, so every later step sees what the data gives it. Against the target's argmax it is
+    exact on greedy-distilled data (the data is the argmax chain) and otherwise approximates
+    the target's greedy token after a matched draft by its argmax on the data."""
+    start = torch.ones_like(input_ids, dtype=torch.bool)
+    for j in range(depth):
+        start &= label_mask(loss_mask, j + 2)
+    alive = start.clone()
+    accepted = torch.zeros_like(input_ids)
+    for j, (_, logits) in enumerate(unroll(drafter, input_ids, hidden, depth, own_tokens=True)):
+        alive &= drafter.to_target_ids(logits.argmax(-1)) == shift_left(next_tokens, j + 1)
+        accepted += alive.long()
+    return accepted, start
+
+
+def acceptance_stats(accepted: Tensor, start: Tensor, depth: int) -> dict[str, Tensor]:
+    """Fixed-shape sums for the loop to add over batches and processes."""
+    hist = torch.bincount(accepted[start].flatten(), minlength=depth + 1)[: depth + 1]  # (depth+1,)
+    return {"accept_hist": hist.float()}
+
+
+def summarize_acceptance(stats: dict[str, Tensor]) -> dict[str, float | list[float]]:
+    """accept_hist[k] = chains that accepted exactly k tokens -> tau, P(accepted >= k)."""
+    hist = stats["accept_hist"].double()
+    n = float(hist.sum())
+    if n == 0:
+        return {"tau": float("nan"), "accept_rate_by_depth": [], "positions": 0}
+    depth = hist.numel() - 1
+    at_least = [float(hist[k:].sum() / n) for k in range(1, depth + 1)]
+    mean = float((hist * torch.arange(depth + 1, dtype=torch.float64)).sum() / n)
+    return {"tau": 1.0 + mean, "mean_accepted": mean, "accept_rate_by_depth": at_least, "positions": int(n),
+            "depth": depth}

@@ -1,0 +1,218 @@
+"""EAGLE-1 / EAGLE-3 through the shared loop: what trains and what must not, resume, a
+mismatched target, online == offline features, 2 processes == 1, and learning to draft."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from headway.config import load_config
+from headway.heads import Eagle1Drafter, Eagle3Drafter, load_heads
+from headway.target import TargetError, load_target
+from headway.testing import save_tiny_target, tiny_target
+from headway.train.batch import collate, target_batch
+from headway.train.config import TrainConfig
+from headway.train.eagle import Eagle1Task, Eagle3Task, feature_batch
+from headway.train.loop import fit, train
+
+from train_utils import distilled_rows, run_cli, save_rows
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Two threads on a shared 2-core machine oversubscribe badly; tiny models need one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eagle_train")
+    target = save_tiny_target(root / "target")
+    rows = [{**r, "index": i} for i, r in enumerate(distilled_rows(48, 384, seed=1))]  # + provenance, as distill
+    data = save_rows(root / "data", rows)
+    return root, target, data
+
+
+def config(setup, out: Path, kind: str, **kw) -> TrainConfig:
+    _, target, data = setup
+    base = {"kind": kind, "target": str(target), "data": str(data), "output_dir": str(out), "batch_size": 4,
+            "max_steps": 6, "log_every": 1, "save_every": 0, "eval_fraction": 0.25, "progress": False,
+            "optim.lr": 3e-3, "eagle.ttt_steps": 3, "eagle.draft_vocab_size": 128}
+    return load_config(TrainConfig, None, {**base, **kw})
+
+
+def losses(out: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_path, kind):
+    target, tok = load_target(str(setup[1]), device="cpu")
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    init = load_heads(fit(config(setup, tmp_path / "init", kind, max_steps=0), target, tok))
+    final = fit(config(setup, tmp_path / "run", kind), target, tok)
+    for k, v in target.state_dict().items():
+        assert torch.equal(v, before[k]), f"target tensor {k} changed"
+    assert all(not p.requires_grad for p in target.parameters())
+
+    heads = load_heads(final, target=target)
+    assert isinstance(heads, Eagle1Drafter if kind == "eagle1" else Eagle3Drafter)
+    for name, p in heads.named_parameters():
+        assert not torch.equal(p, dict(init.named_parameters())[name]), f"drafter tensor {name} did not train"
+    meta = json.loads((final / "config.json").read_text())["metadata"]
+    assert meta["training"]["steps"] == 6
+    ev = meta["eval"]
+    assert 1.0 <= ev["tau"] <= 6.0 and ev["positions"] > 0 and len(ev["accept_rate_by_depth"]) == 5
+    assert len(ev["top1"]) == 5 and sum(ev["accept_hist"]) == ev["positions"]
+    assert "Measured acceptance" in (final / "README.md").read_text()
+    if kind == "eagle3":
+        assert heads.config.draft_vocab_size == 128 and int(heads.t2d.sum()) == 128
+        assert torch.equal(heads.d2t, init.d2t)  # the draft vocabulary is data, not trained
+        assert meta["draft_vocab"]["size"] == 128 and 0 < meta["draft_vocab"]["answer_token_coverage"] <= 1
+        log = (tmp_path / "run" / "log.jsonl").read_text()
+        assert all(f'"ce{j}"' in log and f'"acc{j}"' in log for j in range(3))
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_resume_reproduces_the_uninterrupted_run(setup, tmp_path, kind):
+    kw = {"max_steps": 6, "eval_fraction": 0.0, "save_every": 2}
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(config(setup, full, kind, **kw))
+    assert train(config(setup, part, kind, stop_after=3, **kw)).name == "checkpoint-3"
+    train(config(setup, part, kind, resume_from="latest", **kw))
+    a, b = losses(full), losses(part)
+    assert len(a) == len(b) == 6
+    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-6)  # EAGLE-1 noise included
+    ha, hb = load_heads(full / "final"), load_heads(part / "final")
+    for k, v in ha.state_dict().items():
+        torch.testing.assert_close(hb.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_drafter_for_another_target_is_refused_naming_both_values(setup, tmp_path):
+    final = train(config(setup, tmp_path, "eagle3", max_steps=1, eval_fraction=0.0))
+    wide, _ = tiny_target("llama", hidden_size=32, intermediate_size=64)
+    with pytest.raises(TargetError, match=r"hidden_size=64.*hidden_size=32"):
+        load_heads(final, target=wide)
+
+
+@pytest.mark.parametrize("task_cls", [Eagle1Task, Eagle3Task])
+def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task_cls):
+    """The same rows through the frozen target (online) and through `headway features` shards
+    (offline, float32) give the same K training steps, loss for loss."""
+    from headway.data.features import FeatureStore, FeaturesConfig, features
+
+    root, target_dir, data = setup
+    target, _ = load_target(str(target_dir), device="cpu")
+    cfg = config(setup, tmp_path, task_cls.kind, **{"eagle.draft_vocab_size": None})
+    layers = [str(i) for i in sorted(set(Eagle3Drafter.for_target(target).feature_layers))]
+    store_dir = features(FeaturesConfig(dataset=str(data), output=str(tmp_path / "feat"), layers=["final", *layers],
+                                        store_dtype="float32", target=str(target_dir), batch_size=4, shard_size=16))
+    store = FeatureStore(store_dir)
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(data)).to_list()
+
+    def run(source: str) -> list[float]:
+        torch.manual_seed(0)
+        task = task_cls(cfg)
+        heads = task.build(target)
+        opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
+        out = []
+        for step in range(4):
+            idx = list(range(4 * step, 4 * step + 4))
+            if source == "online":
+                tb = target_batch(target, collate([rows[i] for i in idx]), task.feature_layers(heads), True)
+            else:
+                tb = feature_batch([store[i] for i in idx], task.feature_layers(heads), target.get_output_embeddings())
+            torch.manual_seed(100 + step)  # the loop's RNG: EAGLE-1's input noise
+            loss, _ = task.loss(heads, tb, step)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
+
+    online, offline = run("online"), run("offline")
+    assert online[-1] != online[0]
+    torch.testing.assert_close(torch.tensor(offline), torch.tensor(online), rtol=1e-6, atol=1e-6)
+
+
+def free_port() -> int:
+    """A port no other launch on this machine holds (accelerate's default 29500 may be taken)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_two_processes_match_one_process(tmp_path, kind):
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    assert accelerate, "accelerate launcher not installed next to this python"
+    target = save_tiny_target(tmp_path / "target")
+    # equal-length, fully supervised rows and the full vocabulary: every process averages over the
+    # same number of positions, so the 2-process mean of means equals the 1-process mean
+    data = save_rows(tmp_path / "data", distilled_rows(40, 384, seed=2, uniform=True, max_len=16))
+    # EAGLE-1's input noise is drawn per process, so it cannot match a 1-process run: off here
+    args = ["train", f"kind={kind}", f"target={target}", f"data={data}", "max_steps=4", "log_every=1",
+            "eval_fraction=0.25", "progress=false", "save_every=0", "eagle.noise=0", "eagle.ttt_steps=3"]
+    one = run_cli(args + [f"output_dir={tmp_path / 'one'}", "batch_size=4"], tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run_cli(args[1:] + [f"output_dir={tmp_path / 'two'}", "batch_size=2"], tmp_path, timeout=600,
+                  launcher=[accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                            "--main_process_port", str(free_port()), "--mixed_precision", "no",
+                            "--dynamo_backend", "no", "-m", "headway.train"],
+                  extra_env={"ACCELERATE_USE_CPU": "1"})
+    assert two.returncode == 0, two.stderr[-3000:]
+    l1, l2 = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(l1) == len(l2) == 4
+    torch.testing.assert_close(torch.tensor(l2), torch.tensor(l1), rtol=1e-4, atol=1e-5)
+    h1, h2 = load_heads(tmp_path / "one" / "final"), load_heads(tmp_path / "two" / "final")
+    for k, v in h1.state_dict().items():
+        torch.testing.assert_close(h2.state_dict()[k], v, rtol=1e-4, atol=1e-5)
+    e1, e2 = h1.metadata["eval"], h2.metadata["eval"]
+    assert e1["positions"] == e2["positions"] and e1["accept_hist"] == e2["accept_hist"]
+
+
+@pytest.fixture(scope="module")
+def greedy_text(tmp_path_factory):
+    """Text the tiny target writes greedily (its output head is scaled up, so greedy choices are
+    decided and partly learnable): the drafter's training data, like a distilled dataset."""
+    root = tmp_path_factory.mktemp("greedy")
+    target_dir = save_tiny_target(root / "target")
+    model, _ = tiny_target("llama")
+
+    def rows(n, seed):
+        prompts = torch.randint(3, 384, (n, 4), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad():
+            out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=28,
+                                 min_new_tokens=28, do_sample=False, pad_token_id=2)
+        return [{"input_ids": r.tolist(), "loss_mask": [0] * 4 + [1] * 28} for r in out]
+
+    return target_dir, save_rows(root / "train", rows(128, 0)), save_rows(root / "eval", rows(24, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_a_briefly_trained_drafter_beats_its_untrained_self(greedy_text, tmp_path, kind):
+    target, train_data, eval_data = greedy_text
+    base = {"kind": kind, "target": str(target), "data": str(train_data), "eval_data": str(eval_data),
+            "batch_size": 8, "log_every": 50, "save_every": 0, "progress": False, "optim.lr": 3e-3,
+            "optim.warmup_steps": 10, "eagle.ttt_steps": 2, "eagle.draft_vocab_size": 256}
+    before = load_heads(train(load_config(TrainConfig, None, {**base, "max_steps": 0,
+                                                              "output_dir": str(tmp_path / "untrained")})))
+    after = load_heads(train(load_config(TrainConfig, None, {**base, "max_steps": 200,
+                                                             "output_dir": str(tmp_path / "trained")})))
+    e0, e1 = before.metadata["eval"], after.metadata["eval"]
+    print(kind, "untrained", e0, "trained", e1)
+    assert e0["tau"] < 1.1 and e1["tau"] > e0["tau"] + 0.3
+    # greedy-distilled data is the target's argmax chain (up to cached-vs-full-forward near-ties)
+    assert e1["tau_greedy"] == pytest.approx(e1["tau"], abs=0.02)
