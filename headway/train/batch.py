@@ -57,18 +57,30 @@ def target_batch(target: nn.Module, batch: dict[str, Tensor], layers: Sequence[i
 
     ``layers`` are HF ``hidden_states`` indices (-1 = final post-norm state). ``grad`` keeps the
     graph (Medusa-2, where the target's LoRA trains); ``need_ref`` adds the logits of the same
-    model with its PEFT adapter disabled, without grad.
+    model with its PEFT adapter disabled, without grad. Without grad or logits the hidden states
+    come from ``headway.data.features.target_features``, the forward ``headway features`` stores,
+    so online and offline training see the same features (tests/test_train_batch.py checks the
+    two routes agree).
     """
     device = next(target.parameters()).device
     ids = batch["input_ids"].to(device)  # (B, T)
     attn = batch["attention_mask"].to(device)
-    with contextlib.nullcontext() if grad else torch.no_grad():
-        out = _forward(target, ids, attn, need_logits)
-    hs = out.hidden_states  # L + 1 tensors of (B, T, H)
-    hidden = {i: hs[i] for i in layers}
+    logits = None
+    if grad or need_logits:
+        with contextlib.nullcontext() if grad else torch.no_grad():
+            out = _forward(target, ids, attn, need_logits)
+        hs = out.hidden_states  # L + 1 tensors of (B, T, H)
+        hidden = {i: hs[i] for i in layers}
+        logits = out.logits if need_logits else None
+    else:  # the same forward `headway features` stores (no lm_head); clone out of inference mode
+        from ..data.features import layer_key, target_features
+
+        specs = {i: "final" if i == -1 else i for i in layers}
+        feats = target_features(target, ids, attn, list(specs.values()))
+        hidden = {i: feats[layer_key(spec)].clone() for i, spec in specs.items()}
     ref = None
     if need_ref:
         with torch.no_grad(), target.disable_adapter():
             ref = _forward(target, ids, attn, True).logits
     return TargetBatch(input_ids=ids, attention_mask=attn, loss_mask=batch["loss_mask"].to(device),
-                       hidden=hidden, logits=out.logits if need_logits else None, ref_logits=ref)
+                       hidden=hidden, logits=logits, ref_logits=ref)

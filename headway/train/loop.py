@@ -56,13 +56,18 @@ class EpochView(Dataset):
         return self.rows[self._perm(i // self.n)[i % self.n]]
 
 
+def check_data_paths(cfg: TrainConfig) -> None:
+    """Fail before loading a (possibly large) target when the data is not there."""
+    if not cfg.data:
+        raise TrainError("no training data: set data=PATH to a distilled dataset (headway distill makes one)")
+    for what, path in (("training data", cfg.data), ("eval data", cfg.eval_data)):
+        if path and not Path(path).expanduser().exists():
+            raise TrainError(f"{what} not found: {path}")
+
+
 def load_rows(path: str) -> Any:
     from ..data.distill import load_distilled
 
-    if not path:
-        raise TrainError("no training data: set data=PATH to a distilled dataset (headway distill makes one)")
-    if not Path(path).expanduser().exists():
-        raise TrainError(f"training data not found: {path}")
     return load_distilled(path).select_columns(["input_ids", "loss_mask"])
 
 
@@ -182,6 +187,12 @@ def total_steps(cfg: TrainConfig, n_rows: int, world: int) -> int:
     return max(1, math.ceil(cfg.epochs * n_rows / (cfg.batch_size * world * cfg.grad_accum)))
 
 
+def task_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The option sections this kind reads, for the model card."""
+    sections = {"medusa": ("medusa",), "medusa2": ("medusa", "lora")}.get(cfg.kind, ("eagle",))
+    return {name: asdict(getattr(cfg, name)) for name in sections}
+
+
 def run_name(cfg: TrainConfig) -> str:
     return cfg.run_name or Path(cfg.output_dir).resolve().name
 
@@ -298,6 +309,7 @@ def train(cfg: TrainConfig) -> Path:
     from ..data.targets import resolve_target_path
     from ..target import load_target
 
+    check_data_paths(cfg)
     accelerator = make_accelerator(cfg)
     with accelerator.main_process_first():  # the demo target builds once, then everyone reads it
         target_path = resolve_target_path(cfg.target)
@@ -319,6 +331,7 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
     accelerator = accelerator or make_accelerator(cfg)
     out = Path(cfg.output_dir)
     set_seed(cfg.seed)
+    check_data_paths(cfg)
     train_rows, eval_rows = split_data(cfg)
     target.to(accelerator.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
@@ -376,7 +389,10 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
     params = [p for p in module.parameters() if p.requires_grad]
     it = iter(batches)
     sums: dict[str, Tensor] = {}
-    window_tokens, window_steps, window_start = torch.zeros((), dtype=torch.long), 0, time.perf_counter()
+    def zero() -> Tensor:  # token counts stay on the device: no sync until the log interval
+        return torch.zeros((), dtype=torch.long, device=accelerator.device)
+
+    window_tokens, window_steps, window_start = zero(), 0, time.perf_counter()
     last_eval: dict[str, Any] | None = None
     last_loss: float | None = None
     with progress_bar(cfg.progress and accelerator.is_main_process) as bar:
@@ -391,7 +407,7 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
                     accelerator.backward(loss / cfg.grad_accum)
                 for k, v in {"loss": loss.detach(), **metrics}.items():
                     sums[k] = sums.get(k, 0) + v.detach().float() / cfg.grad_accum
-                window_tokens += batch["attention_mask"].sum().cpu()
+                window_tokens += batch["attention_mask"].sum()
             if cfg.optim.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(params, cfg.optim.max_grad_norm)
             optimizer.step()
@@ -403,7 +419,7 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
 
             if step % cfg.log_every == 0 or step == stop:
                 vals = reduce_mean(accelerator, {k: v / window_steps for k, v in sums.items()})
-                n_tok = int(accelerator.reduce(window_tokens.to(accelerator.device), reduction="sum"))
+                n_tok = int(accelerator.reduce(window_tokens, reduction="sum"))
                 tokens_seen += n_tok
                 tps = n_tok / max(1e-9, time.perf_counter() - window_start)
                 lr = scheduler.get_last_lr()[0]
@@ -412,7 +428,7 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
                           tracker={**{f"train/{k}": v for k, v in vals.items()}, "train/lr": lr,
                                    "train/tokens_per_s": tps})
                 bar.update(bar_task, completed=step, info=f"loss {vals['loss']:.4f} lr {lr:.2e} {tps:,.0f} tok/s")
-                sums, window_tokens, window_steps = {}, torch.zeros((), dtype=torch.long), 0
+                sums, window_tokens, window_steps = {}, zero(), 0
                 window_start = time.perf_counter()
             if ev_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
                 last_eval = evaluate(inner, ev_loader, accelerator, cfg)
@@ -437,7 +453,7 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
             "steps": steps, "global_batch": global_batch, "world_size": world, "tokens": tokens_seen,
             "train_time_s": round(train_time, 2), "tokens_per_s": round(tokens_seen / max(train_time, 1e-9), 1),
             "final_loss": last_loss, "optim": asdict(cfg.optim), "seed": cfg.seed,
-            "options": asdict(cfg.lora) if adapted else asdict(cfg.medusa) if cfg.kind == "medusa" else asdict(cfg.eagle)}
+            "options": task_options(cfg)}
         if last_eval is not None:
             inner.heads.metadata["eval"] = last_eval
         task.save(inner.heads, accelerator.unwrap_model(module).run_target(), final)
