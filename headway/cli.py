@@ -40,6 +40,8 @@ COMMANDS: dict[str, Command] = {
                         "headway.decode.cli:GenerateConfig", "headway.decode.cli:generate_cli"),
     "chat": Command("Interactive chat (or completion) with the speculative decoder.",
                     "headway.decode.cli:ChatConfig", "headway.decode.cli:chat_cli"),
+    "bench": Command("Benchmark heads against HF generate / assisted / prompt lookup: tokens/s, tau, exact match.",
+                     "headway.decode.bench:BenchConfig", "headway.decode.bench:bench_cli"),
 }
 
 

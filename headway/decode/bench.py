@@ -1,0 +1,345 @@
+"""``headway bench``: every decoding method in one process, interleaved, on the same prompts.
+
+The protocol of design.md §7: load the target once; build the methods (each heads checkpoint x
+each tree shape, plus three baselines that are always present: HF ``generate``, HF assisted
+generation with a small draft model, HF prompt lookup); let HF greedy write the reference
+completions (exact-match and the target's repetition rate are measured against them); warm up
+every method; then for each repeat, for each prompt, for each temperature run every method in
+turn, rotating the order. Per method: median tokens/s over repeats, speedup as the median
+per-repeat ratio to HF ``generate`` (ratios within a repeat cancel the load of a shared
+machine), τ, exact-match, acceptance by depth, overhead share and peak memory
+(``bench_report`` documents the JSON schema).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from ..config import ConfigError, opt
+from .bench_methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
+                            timed_run)
+from .bench_report import SCHEMA, Record, render_table, summarize, write_plot
+
+
+@dataclass
+class BenchConfig:
+    target: str = opt("demo", "target model: a folder, a Hub id, or 'demo' (the demo target, built or cached)")
+    heads: list[str] = opt(help="heads checkpoints to compare: --heads A B C (folders or Hub ids)",
+                           default_factory=list)
+    prompts: str = opt("demo:heldout", "prompt source: demo:heldout, demo:train, a .jsonl/.json/.parquet file, "
+                                       "a datasets folder or a cached Hub dataset")
+    num_prompts: int = opt(8, "prompts to use (the first N of the source)")
+    prompt_tokens: int = opt(64, "demo sources: prompt length in tokens (code prefixes cut at line ends)")
+    max_new_tokens: int = opt(128, "new tokens per generation at most (EOS stops earlier, for every method alike)")
+    temperature: list[float] = opt(help="temperatures: --temperature 0 1 (exact-match is checked at 0)",
+                                   default_factory=lambda: [0.0])
+    tree: list[str] = opt(help="tree shapes to try with every heads checkpoint (chain-N, mc_sim_7b_63, "
+                               "dynamic-K-D-T, ...); default: each checkpoint's stored tree, else its kind's default",
+                          default_factory=list)
+    assistant: str | None = opt(None, "draft model for HF assisted generation (same tokenizer as the target); "
+                                      "default for the demo target: the same recipe with --assistant-layers layers")
+    assistant_layers: int = opt(2, "layers of the default demo assistant")
+    assistant_tokens: int = opt(5, "draft tokens per step in HF assisted generation (constant schedule)")
+    prompt_lookup_tokens: int = opt(10, "draft tokens per step in HF prompt-lookup decoding")
+    repeats: int = opt(3, "timed passes over all prompts; tokens/s and speedup are medians over them")
+    warmup: int = opt(1, "untimed warm-up generations per method and temperature before timing")
+    seed: int = opt(0, "prompt selection and sampling seed")
+    dtype: str = opt("float32", "target dtype (exact-match is promised in float32)")
+    device: str | None = opt(None, "device (default: cuda if available, else cpu)")
+    adapter: str | None = opt(None, "PEFT adapter merged into the target for every method (Medusa-2 heads)")
+    threads: int | None = opt(None, "torch CPU threads (1 is often fastest for small models on a busy machine)")
+    json: str | None = opt(None, "write the report here (schema headway.bench/1)")
+    plot: str | None = opt(None, "write a PNG here: speedup by method, acceptance by depth")
+    progress: bool = opt(True, "show a progress bar on stderr")
+
+    def __post_init__(self) -> None:
+        for name in ("num_prompts", "prompt_tokens", "max_new_tokens", "repeats", "assistant_layers",
+                     "assistant_tokens", "prompt_lookup_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"'{name}' must be at least 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ConfigError(f"'warmup' must be >= 0, got {self.warmup}")
+        if not self.temperature or any(t < 0 for t in self.temperature):
+            raise ConfigError(f"'temperature' needs one or more values >= 0, got {self.temperature}")
+        self.temperature = list(dict.fromkeys(float(t) for t in self.temperature))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the methods
+
+
+def _demo_metadata(target_path: str) -> dict[str, Any] | None:
+    from ..demo_target import METADATA_FILE
+
+    f = Path(target_path) / METADATA_FILE
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def default_assistant(target_path: str, layers: int, progress: bool) -> tuple[str, str]:
+    """The demo target's recipe (same tokenizer, corpus, steps) with ``layers`` layers, built or
+    reused from the cache. Other targets need ``--assistant``."""
+    from ..demo_target import TargetBuildConfig, build_demo_target, default_cache_dir
+
+    meta = _demo_metadata(target_path)
+    if meta is None:
+        raise ConfigError(f"'{target_path}' is not a demo target, so there is no default assistant: pass "
+                          "--assistant PATH, a small model with the target's tokenizer (HF assisted generation is "
+                          "one of the baselines every bench reports)")
+    fields = {f.name for f in dataclasses.fields(TargetBuildConfig)}
+    recipe = {k: v for k, v in meta["config"].items() if k in fields}
+    folder = Path(target_path)
+    cache = folder.parent.parent if folder.parent.name == "targets" else default_cache_dir()
+    recipe.update(num_layers=layers, cache_dir=str(cache), max_minutes=meta.get("max_minutes"))
+    path = build_demo_target(TargetBuildConfig(**recipe), progress=progress)
+    note = (f"the demo recipe ({recipe.get('preset')}) with {layers} of {meta['config'].get('num_layers')} layers, "
+            "trained like the target (TargetBuildConfig override; demo_target has no assistant preset)")
+    return str(path), note
+
+
+def load_assistant(cfg: BenchConfig, target_path: str, tokenizer: Any) -> tuple[nn.Module, dict[str, Any]]:
+    from ..target import load_target
+
+    path, note = (cfg.assistant, "given with --assistant") if cfg.assistant else \
+        default_assistant(target_path, cfg.assistant_layers, cfg.progress)
+    assistant, atok = load_target(path, dtype=cfg.dtype, device=cfg.device)
+    if atok.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"the assistant '{path}' has a different tokenizer than the target; HF assisted "
+                          "generation here needs the same vocabulary")
+    configure_assistant(assistant, cfg.assistant_tokens)
+    local = Path(path).expanduser()
+    info = {"path": str(local.resolve()) if local.exists() else path,
+            "parameters": sum(p.numel() for p in assistant.parameters()),
+            "num_hidden_layers": int(assistant.config.num_hidden_layers), "note": note}
+    return assistant, info
+
+
+def baselines(target: nn.Module, tokenizer: Any, assistant: nn.Module, cfg: BenchConfig) -> list[HFMethod]:
+    stops = stop_ids_of(target, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or [0])[0]
+    return [HFMethod("hf-generate", "hf_generate", target, stops, pad),
+            HFMethod("hf-assisted", "hf_assisted", target, stops, pad, cfg.assistant_tokens, assistant=assistant),
+            HFMethod("hf-prompt-lookup", "hf_prompt_lookup", target, stops, pad, cfg.prompt_lookup_tokens,
+                     prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)]
+
+
+def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list[HeadwayMethod]:
+    from ..heads import load_heads
+    from .speculator import Speculator
+
+    methods: list[HeadwayMethod] = []
+    for path in cfg.heads:
+        heads = load_heads(path, target=target)
+        if heads.metadata.get("adapter") and not cfg.adapter:
+            raise ConfigError(f"heads '{path}' were trained with a LoRA adapter on the target (Medusa-2: "
+                              f"{heads.metadata['adapter']}); pass --adapter PATH so that every method, the "
+                              "baselines included, runs the same adapted target")
+        stored = (heads.metadata.get("decode") or {}).get("tree")
+        for tree in cfg.tree or [stored]:
+            spec = Speculator(target, tokenizer, heads, tree=tree)
+            methods.append(HeadwayMethod("", spec, str(path)))
+    names = [f"{m.kind}[{m.tree}]" for m in methods]
+    for i, m in enumerate(methods):
+        m.name = names[i] if names.count(names[i]) == 1 else f"{m.kind}#{cfg.heads.index(m.heads_path)}[{m.tree}]"
+    return methods
+
+
+# ---------------------------------------------------------------------------------------------
+# Prompts
+
+
+def load_prompts(cfg: BenchConfig, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
+    """Token ids of the first ``num_prompts`` prompts; code prompts lose trailing whitespace
+    (the demo BPE merges newline + indent, so a prompt ending in one would be out of distribution)."""
+    from ..data.sources import read_samples
+
+    src = read_samples(cfg.prompts, tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens, limit=cfg.num_prompts,
+                       seed=cfg.seed)
+    ids, names = [], []
+    for s in src.samples:
+        if s.is_chat:
+            turns = s.messages[: next((i for i, m in enumerate(s.messages) if m["role"] == "assistant"),
+                                      len(s.messages))]
+            row = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+            row = list(row["input_ids"] if hasattr(row, "keys") else row)
+        else:
+            row = tokenizer(s.prompt.rstrip())["input_ids"]
+        if row:
+            ids.append(row)
+            names.append(s.id)
+    if not ids:
+        raise ConfigError(f"no usable prompts in '{cfg.prompts}'")
+    return ids, names
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol
+
+
+def schedule(n_methods: int, repeats: int, n_prompts: int,
+             temps: Sequence[float]) -> Iterator[tuple[int, int, float, list[int]]]:
+    """(repeat, prompt, temperature, method order): every method in turn, the order rotated each time."""
+    k = 0
+    for r in range(repeats):
+        for p in range(n_prompts):
+            for t in temps:
+                yield r, p, t, [(i + k) % n_methods for i in range(n_methods)]
+                k += 1
+
+
+def run_seed(seed: int, repeat: int, prompt: int) -> int:
+    return seed + 1000 * repeat + prompt
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("bench", total=total)
+
+    def step(self, description: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=description)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def measure(methods: Sequence[Method], prompts: Sequence[list[int]], cfg: BenchConfig, room: int
+            ) -> tuple[list[list[int]], dict[tuple[int, float], list[Record]]]:
+    """Reference greedy completions (HF ``generate``, methods[0]), warm-up, then the timed runs."""
+    max_new = [max(1, min(cfg.max_new_tokens, room - len(p))) for p in prompts]
+    total = len(prompts) + cfg.warmup * len(methods) * len(cfg.temperature) + \
+        cfg.repeats * len(prompts) * len(cfg.temperature) * len(methods)
+    bar = _Progress(cfg.progress, total)
+    try:
+        reference = []
+        for i, p in enumerate(prompts):
+            reference.append(methods[0].generate(p, max_new[i], 0.0, cfg.seed).ids)
+            bar.step("reference greedy")
+        for w in range(cfg.warmup):
+            for t in cfg.temperature:
+                for m in methods:
+                    m.generate(prompts[w % len(prompts)], max_new[w % len(prompts)], t, cfg.seed)
+                    bar.step(f"warm-up {m.name}")
+        records: dict[tuple[int, float], list[Record]] = {(i, t): [] for i in range(len(methods))
+                                                           for t in cfg.temperature}
+        for r, p, t, order in schedule(len(methods), cfg.repeats, len(prompts), cfg.temperature):
+            for i in order:
+                run: Run = timed_run(methods[i], prompts[p], max_new[p], t, run_seed(cfg.seed, r, p))
+                records[(i, t)].append((r, p, run))
+                bar.step(f"repeat {r + 1}/{cfg.repeats} {methods[i].name} T={t:g}")
+    finally:
+        bar.close()
+    return reference, records
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """transformers draws a progress bar per checkpoint it loads; they would tear through the table."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _peak_rss_bytes() -> int | None:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+
+
+def _target_info(target: nn.Module, path: str, demo: dict[str, Any] | None) -> dict[str, Any]:
+    c = target.config
+    demo_summary = None if demo is None else {k: demo.get(k) for k in (
+        "heldout_loss", "heldout_perplexity", "greedy_repetition_rate", "sampled_repetition_rate",
+        "reference_repetition_rate", "steps_done", "parameters")} | {"preset": demo["config"].get("preset")}
+    return {"path": path, "architecture": (c.architectures or [type(target).__name__])[0],
+            "parameters": sum(p.numel() for p in target.parameters()), "param_bytes": module_bytes(target),
+            "num_hidden_layers": int(c.num_hidden_layers), "hidden_size": int(c.hidden_size),
+            "vocab_size": int(target.get_output_embeddings().weight.shape[0]),
+            "dtype": str(next(target.parameters()).dtype).replace("torch.", ""),
+            "device": str(next(target.parameters()).device), "demo": demo_summary}
+
+
+def bench(cfg: BenchConfig) -> dict[str, Any]:
+    """Run the protocol and return the report (schema ``headway.bench/1``, see ``bench_report``)."""
+    import transformers
+
+    from .. import __version__
+    from ..data.targets import resolve_target_path
+    from ..target import load_target
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    target_path = resolve_target_path(cfg.target)
+    with _quiet_loading():
+        target, tok = load_target(target_path, dtype=cfg.dtype, device=cfg.device, adapter=cfg.adapter)
+        assistant, assistant_info = load_assistant(cfg, target_path, tok)
+        methods: list[Method] = [*baselines(target, tok, assistant, cfg), *headway_methods(target, tok, cfg)]
+    prompts, prompt_ids = load_prompts(cfg, tok)
+    room = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    reference, records = measure(methods, prompts, cfg, room)
+    from ..demo_target import repetition_rate
+
+    entries = [summarize(methods[i], t, recs, records[(0, t)], reference) for (i, t), recs in records.items()]
+    entries.sort(key=lambda e: (e["temperature"], [m.name for m in methods].index(e["name"])))
+    return {
+        "schema": SCHEMA, "headway_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "target": _target_info(target, target_path, _demo_metadata(target_path)),
+        "assistant": assistant_info,
+        "settings": {**dataclasses.asdict(cfg), "torch": torch.__version__, "transformers": transformers.__version__,
+                     "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                     "python": platform.python_version()},
+        "prompts": {"source": cfg.prompts, "count": len(prompts),
+                    "mean_tokens": sum(map(len, prompts)) / len(prompts), "ids": prompt_ids},
+        "repetition_rate": repetition_rate(reference),
+        "process_peak_rss_bytes": _peak_rss_bytes(),
+        "methods": entries,
+    }
+
+
+def bench_cli(cfg: BenchConfig) -> int:
+    from rich.console import Console
+
+    report = bench(cfg)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: do not squeeze the table into 80 columns
+        console = Console(width=160)
+    console.print(render_table(report))
+    bad = [m["name"] for m in report["methods"] if m["exact_match"] is not None and m["exact_match"] < 1]
+    if bad:
+        console.print(f"[red]exact-match below 100% at temperature 0: {', '.join(bad)} (the decoder's output "
+                      "differs from the target's greedy output)[/]")
+    if cfg.json:
+        path = Path(cfg.json).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"report: {path}")
+    if cfg.plot:
+        console.print(f"plot: {write_plot(report, Path(cfg.plot).expanduser())}")
+    return 1 if bad else 0

@@ -1,0 +1,144 @@
+"""``headway bench``: the report's schema, the exact-match column (and that it can fail), the plot, the CLI."""
+
+import json
+
+import pytest
+import torch
+
+from headway.cli import main
+from headway.config import ConfigError
+from headway.decode import bench_methods
+from headway.decode.bench import BenchConfig, bench, schedule
+from headway.decode.bench_methods import depth_counts
+from headway.decode.bench_report import METHOD_KEYS, SCHEMA, first_difference, write_plot
+from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.testing import save_tiny_target, tiny_target
+
+PROMPTS = ["def parse(self, text):\n    result = []", "class Stack:\n    def __init__(self"]
+BASELINES = {"hf_generate", "hf_assisted", "hf_prompt_lookup"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    save_tiny_target(root / "target", "llama", seed=0)
+    save_tiny_target(root / "assistant", "llama", seed=1)  # same tokenizer, different weights
+    model, _ = tiny_target("llama", seed=0)
+    torch.manual_seed(1)
+    medusa = MedusaHeads.for_target(model, num_heads=3)
+    with torch.no_grad():  # random (not zero) ResBlocks so the heads disagree with the target
+        for p in medusa.blocks.parameters():
+            p.normal_(0, 0.05)
+    medusa.save_pretrained(root / "medusa")
+    Eagle1Drafter.for_target(model).save_pretrained(root / "eagle1")
+    Eagle3Drafter.for_target(model, draft_vocab_size=200).save_pretrained(root / "eagle3")
+    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return root
+
+
+def config(root, **kw):
+    base = dict(target=str(root / "target"), heads=[str(root / k) for k in ("medusa", "eagle1", "eagle3")],
+                prompts=str(root / "prompts.jsonl"), assistant=str(root / "assistant"), max_new_tokens=12,
+                temperature=[0.0, 1.0], repeats=2, warmup=1, progress=False)
+    return BenchConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def report(folders):
+    return bench(config(folders))
+
+
+def test_report_follows_the_schema(report):
+    assert report["schema"] == SCHEMA
+    for key in ("target", "assistant", "settings", "prompts", "repetition_rate", "methods"):
+        assert key in report
+    json.dumps(report)  # machine-readable as is
+    assert report["prompts"]["count"] == len(PROMPTS)
+    assert 0.0 <= report["repetition_rate"] <= 1.0
+    kinds = {(m["kind"], m["temperature"]) for m in report["methods"]}
+    for t in (0.0, 1.0):
+        assert {k for k, temp in kinds if temp == t} == BASELINES | {"medusa", "eagle1", "eagle3"}
+    assert len(report["methods"]) == 12  # (3 baselines + 3 heads) x 2 temperatures
+    for m in report["methods"]:
+        assert set(METHOD_KEYS) <= set(m)
+        assert isinstance(m["name"], str) and isinstance(m["tau"], float)
+        assert m["tokens_per_s"] > 0 and m["speedup"] > 0
+        assert isinstance(m["target_forwards"], int) and m["target_forwards"] > 0
+        assert isinstance(m["accepted_per_depth"], list)
+        assert all(0.0 <= a <= 1.0 for a in m["accepted_per_depth"])
+        assert 0.0 <= m["overhead_share"] <= 1.0
+        assert m["peak_mem_bytes"] >= m["param_bytes"] > 0 and m["peak_kv_bytes"] > 0
+        assert m["runs"] == 2 * len(PROMPTS)
+        assert (m["tree"] is None) == (m["kind"] in BASELINES)
+
+
+def test_exact_match_is_total_at_temperature_zero(report):
+    for m in report["methods"]:
+        if m["temperature"] == 0:
+            assert m["exact_match"] == 1.0, m["name"]
+            assert m["mismatches"] == []
+        else:
+            assert m["exact_match"] is None
+
+
+def test_plain_decoding_has_tau_one_and_the_baseline_speedup_is_one(report):
+    for m in report["methods"]:
+        if m["kind"] == "hf_generate":
+            assert m["tau"] == 1.0 and m["speedup"] == 1.0 and m["accepted_per_depth"] == []
+        if m["kind"] == "medusa":
+            assert len(m["accepted_per_depth"]) == 3  # one rate per tree depth, zeros included
+
+
+def test_exact_match_detects_a_wrong_token(folders, monkeypatch):
+    real = bench_methods.HeadwayMethod.generate
+
+    def corrupted(self, ids, max_new_tokens, temperature, seed):
+        out = real(self, ids, max_new_tokens, temperature, seed)
+        if self.kind == "medusa":
+            out.ids[-1] = (out.ids[-1] + 1) % 384
+        return out
+
+    monkeypatch.setattr(bench_methods.HeadwayMethod, "generate", corrupted)
+    rep = bench(config(folders, heads=[str(folders / "medusa"), str(folders / "eagle1")], temperature=[0.0],
+                       repeats=1))
+    by_kind = {m["kind"]: m for m in rep["methods"]}
+    assert by_kind["medusa"]["exact_match"] == 0.0
+    assert by_kind["medusa"]["mismatches"][0]["position"] == 11  # the last of 12 tokens
+    assert by_kind["eagle1"]["exact_match"] == 1.0
+
+
+def test_plot_is_written(report, tmp_path):
+    path = write_plot(report, tmp_path / "sub" / "bench.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+
+
+def test_cli_end_to_end(folders, tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    rc = main(["bench", "--target", str(folders / "target"), "--heads", str(folders / "medusa"),
+               "--prompts", str(folders / "prompts.jsonl"), "--assistant", str(folders / "assistant"),
+               "--max-new-tokens", "8", "--repeats", "1", "--tree", "chain-2", "mc_sim_7b_63", "--no-progress",
+               "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["schema"] == SCHEMA
+    assert [m["tree"] for m in rep["methods"] if m["kind"] == "medusa"] == ["chain-2", "mc_sim_7b_63[:3]"]
+    assert png.stat().st_size > 1000
+
+
+def test_a_target_without_a_default_assistant_asks_for_one(folders):
+    with pytest.raises(ConfigError, match="--assistant"):
+        bench(config(folders, assistant=None))
+
+
+def test_schedule_rotates_the_order():
+    orders = [o for *_, o in schedule(3, repeats=2, n_prompts=3, temps=[0.0])]
+    assert all(sorted(o) == [0, 1, 2] for o in orders)
+    firsts = [o[0] for o in orders]
+    assert firsts.count(0) == firsts.count(1) == firsts.count(2) == 2
+
+
+def test_helpers():
+    assert depth_counts([0, 2, 3, 1]) == [3, 2, 1]
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
