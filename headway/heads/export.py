@@ -1,0 +1,437 @@
+"""Engine exports (design.md §4): native heads -> folders that vLLM, SGLang and TensorRT-LLM load.
+
+One small function per (kind, engine) returns the engine's ``config.json`` and tensors; the
+tensors are checked against that engine's spec table (names, shapes, dtypes — a function of the
+config being written, so config and weights cannot disagree) before anything touches the disk.
+The folder is written beside ``out`` under a temporary name and renamed into place: an error
+leaves no half-written export (and an existing one untouched).
+
+Engine facts these functions rely on, read from the engines' sources (vLLM 0.32.0 as installed by
+``benchmarks/vllm_interop.py``; SGLang ``python/sglang/srt/models/llama_eagle{,3}.py`` and
+``llama.py``; TensorRT-LLM ``examples/medusa/convert_checkpoint.py`` and
+``tensorrt_llm/models/medusa/weight.py``):
+
+- **vLLM Medusa** (``models/medusa.py``, ``configs/medusa.py``): ResBlock linears have a bias only
+  when ``medusa_fc_bias`` is set — otherwise bias tensors are *silently dropped*; tensor names the
+  model lacks are ignored; every top-level config key containing "num" and "heads" (or "layers")
+  is renamed to ``num_heads`` (``num_hidden_layers``), so no other such key may be written.
+  ``num_hidden_layers`` is the number of ResBlocks per head. One ``lm_heads.{h}`` per head.
+- **vLLM EAGLE-1** (``models/llama_eagle.py``): ``fc`` is ``Linear(2H, H, bias=False)``; layer 0
+  has no ``input_layernorm``; ``embed_tokens`` and ``lm_head`` come from the target when absent.
+- **SGLang EAGLE-1** (``LlamaForCausalLMEagle``): ``fc`` is ``nn.Linear(2H, H)`` *with* a bias,
+  and the loader skips tensors it is not given, so ``fc.bias`` is always written (zeros when the
+  heads have none) — otherwise it would keep its random initialisation.
+- **EAGLE-3** (vLLM ``models/llama_eagle3.py``, SGLang ``llama_eagle3.py``): tensors under
+  ``midlayer.`` (vLLM maps them to ``layers.0.``), ``d2t`` (vLLM: ``draft_id_to_target_id``;
+  SGLang: hot token ids = ``d2t + arange``), ``t2d`` (both skip it). Aux layers: headway stores HF
+  ``output_hidden_states`` indices. vLLM captures ``hidden + residual`` entering decoder layer i
+  for id i — the same numbers — and reads the top-level ``eagle_aux_hidden_state_layer_ids``
+  (one code path also ``eagle_config``'s); SGLang reads only ``eagle_config``'s and captures
+  entering layer ``id + 1``, so SGLang gets HF index − 1. Index L (the last layer's output) is
+  *post*-norm in transformers v5 but captured *pre*-norm by both engines: refused.
+- **TensorRT-LLM Medusa**: ``convert_checkpoint.py --medusa_model_dir DIR`` reads
+  ``DIR/config.json`` (``medusa_num_heads``, ``medusa_num_layers``) and
+  ``DIR/medusa_lm_head.safetensors`` (or ``.pt``) with the FasterDecoding names
+  ``{h}.{l}.linear.weight``, ``{h}.{l}.linear.bias`` (read unconditionally: zeros are written
+  when the heads have no bias) and ``{h}.{L}.weight`` (the head's vocab projection). Its
+  ``--num_medusa_heads`` defaults to 4 and wins over the config: pass it explicitly. The target
+  itself is converted by TensorRT-LLM (``--model_dir``), not here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .. import __version__
+from ..config import opt
+from ..errors import HeadwayError
+from .base import HeadsBase, heads_class, read_config, resolve_checkpoint
+
+FORMATS = ("vllm", "sglang", "trtllm")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+Shape = tuple[int, ...]
+Spec = dict[str, tuple[Shape, torch.dtype | None]]  # tensor name -> (shape, dtype or None = any float)
+
+
+class ExportError(HeadwayError):
+    """Heads cannot be exported to the asked engine format; the message says why."""
+
+
+@dataclass
+class Export:
+    """What one engine reads: its config, its tensors, and the names of the files to write."""
+
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+    spec: Spec
+    weights_file: str = "model.safetensors"
+    notes: list[str] = field(default_factory=list)  # how to load it, for the README
+
+
+# -- spec tables: what each engine expects, as a function of the config we write -----------------
+def medusa_vllm_spec(c: dict[str, Any]) -> Spec:
+    K, L, H, V = c["num_heads"], c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
+    spec: Spec = {}
+    for h in range(K):
+        for l in range(L):
+            spec[f"blocks.{h}.layers.{l}.weight"] = ((H, H), None)
+            if c["medusa_fc_bias"]:
+                spec[f"blocks.{h}.layers.{l}.bias"] = ((H,), None)
+        spec[f"lm_heads.{h}.weight"] = ((V, H), None)
+    return spec
+
+
+def medusa_trtllm_spec(c: dict[str, Any]) -> Spec:
+    K, L, H, V = c["medusa_num_heads"], c["medusa_num_layers"], c["hidden_size"], c["vocab_size"]
+    spec: Spec = {}
+    for h in range(K):
+        for l in range(L):
+            spec[f"{h}.{l}.linear.weight"] = ((H, H), None)
+            spec[f"{h}.{l}.linear.bias"] = ((H,), None)
+        spec[f"{h}.{L}.weight"] = ((V, H), None)
+    return spec
+
+
+def _layer_spec(c: dict[str, Any], prefix: str, attn_in: int) -> Spec:
+    H, I = c["hidden_size"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    return {f"{prefix}self_attn.q_proj.weight": ((q, attn_in), None),
+            f"{prefix}self_attn.k_proj.weight": ((kv, attn_in), None),
+            f"{prefix}self_attn.v_proj.weight": ((kv, attn_in), None),
+            f"{prefix}self_attn.o_proj.weight": ((H, q), None),
+            f"{prefix}mlp.gate_proj.weight": ((I, H), None),
+            f"{prefix}mlp.up_proj.weight": ((I, H), None),
+            f"{prefix}mlp.down_proj.weight": ((H, I), None),
+            f"{prefix}post_attention_layernorm.weight": ((H,), None)}
+
+
+def eagle1_spec(c: dict[str, Any], fc_bias: bool) -> Spec:
+    """No input_layernorm, no final norm, no lm_head: those come from (or are absent in) the engine."""
+    H = c["hidden_size"]
+    spec: Spec = {"fc.weight": ((H, 2 * H), None), **_layer_spec(c, "layers.0.", H)}
+    if fc_bias:
+        spec["fc.bias"] = ((H,), None)
+    return spec
+
+
+def eagle3_spec(c: dict[str, Any]) -> Spec:
+    H, Ht = c["hidden_size"], c["target_hidden_size"]
+    return {"fc.weight": ((H, 3 * Ht), None),
+            "midlayer.input_layernorm.weight": ((H,), None),
+            "midlayer.hidden_norm.weight": ((H,), None),
+            **_layer_spec(c, "midlayer.", 2 * H),
+            "norm.weight": ((H,), None),
+            "lm_head.weight": ((c["draft_vocab_size"], H), None),
+            "d2t": ((c["draft_vocab_size"],), torch.int64),
+            "t2d": ((c["vocab_size"],), torch.bool)}
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], spec: Spec, where: str) -> None:
+    """Names, shapes and dtypes against a spec; the error names the first problems found."""
+    missing = sorted(set(spec) - set(tensors))
+    unexpected = sorted(set(tensors) - set(spec))
+    if missing or unexpected:
+        raise ExportError(f"{where}: tensors do not match; missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for name, (shape, dtype) in spec.items():
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise ExportError(f"{where}: tensor '{name}' has shape {tuple(t.shape)}, expected {shape}")
+        if dtype is not None and t.dtype != dtype:
+            raise ExportError(f"{where}: tensor '{name}' has dtype {t.dtype}, expected {dtype}")
+        if dtype is None and not t.is_floating_point():
+            raise ExportError(f"{where}: tensor '{name}' has dtype {t.dtype}, expected a floating type")
+
+
+def native_spec(cfg: dict[str, Any]) -> Spec:
+    """The native checkpoint's tensors for this config: the module built on the meta device."""
+    try:
+        with torch.device("meta"):
+            module = heads_class(cfg["kind"])._from_config_dict(cfg)
+    except (TypeError, ValueError, KeyError) as e:
+        raise ExportError(f"the heads config is invalid: {e}") from None
+    return {k: (tuple(v.shape), None if v.is_floating_point() else v.dtype) for k, v in module.state_dict().items()}
+
+
+# -- configs ------------------------------------------------------------------------------------
+def _provenance(cfg: dict[str, Any], fmt: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": cfg["kind"], "format": fmt, "exported_by": f"headway {__version__}",
+            "trained_with": cfg.get("headway_version"), "target": cfg.get("target"), **extra}
+
+
+def llama_config(cfg: dict[str, Any], architecture: str, dtype: str) -> dict[str, Any]:
+    """A one-layer Llama config with the drafter layer's geometry (transformers v4 and v5 keys)."""
+    g = cfg["layer"]
+    rope = dict(g.get("rope_parameters") or {"rope_type": "default", "rope_theta": 10000.0})
+    scaling = None if rope.get("rope_type", "default") == "default" else \
+        {k: v for k, v in rope.items() if k != "rope_theta"}
+    return {"architectures": [architecture], "model_type": "llama", "hidden_size": g["hidden_size"],
+            "intermediate_size": g["intermediate_size"], "num_attention_heads": g["num_attention_heads"],
+            "num_key_value_heads": g["num_key_value_heads"], "head_dim": g["head_dim"], "num_hidden_layers": 1,
+            "rms_norm_eps": g["rms_norm_eps"], "max_position_embeddings": g["max_position_embeddings"],
+            "vocab_size": cfg["vocab_size"], "hidden_act": "silu", "rope_theta": float(rope.get("rope_theta", 1e4)),
+            "rope_scaling": scaling, "rope_parameters": rope, "attention_bias": bool(g.get("attention_bias")),
+            "mlp_bias": False, "tie_word_embeddings": False, "torch_dtype": dtype}
+
+
+# -- one function per (kind, engine) ------------------------------------------------------------
+def _per_head_lm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
+                 engine: str) -> list[torch.Tensor]:
+    """Each head's vocab projection; heads that share the target's lm_head get a copy of it."""
+    K = cfg["num_heads"]
+    if cfg["own_lm_head"]:
+        return [t[f"lm_heads.{h}.weight"] for h in range(K)]
+    if lm_head is None:
+        raise ExportError(f"these Medusa heads share the target's lm_head (own_lm_head=false), but {engine} "
+                          "needs one vocab projection per head: pass the target (--target) so export can copy it")
+    return [lm_head.clone() for _ in range(K)]  # distinct tensors: safetensors refuses shared memory
+
+
+def medusa_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
+                dtype: str) -> Export:
+    K, L = cfg["num_heads"], cfg["num_layers"]
+    tensors = {k: v for k, v in t.items() if k.startswith("blocks.")}
+    tensors |= {f"lm_heads.{h}.weight": w for h, w in enumerate(_per_head_lm(cfg, t, lm_head, "vLLM"))}
+    config = {"model_type": "medusa", "architectures": ["MedusaModel"], "num_heads": K, "num_hidden_layers": L,
+              "hidden_size": cfg["hidden_size"], "vocab_size": cfg["vocab_size"],
+              "truncated_vocab_size": cfg["vocab_size"], "medusa_fc_bias": bool(cfg["bias"]), "torch_dtype": dtype,
+              "headway": _provenance(cfg, "vllm")}
+    notes = ["vLLM: `LLM(model=TARGET, speculative_config={\"method\": \"medusa\", \"model\": THIS_FOLDER, "
+             f"\"num_speculative_tokens\": {K}}})`"]
+    return Export(config, tensors, medusa_vllm_spec(config), notes=notes)
+
+
+def medusa_trtllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
+                  dtype: str) -> Export:
+    K, L, H = cfg["num_heads"], cfg["num_layers"], cfg["hidden_size"]
+    tensors: dict[str, torch.Tensor] = {}
+    for h, w in enumerate(_per_head_lm(cfg, t, lm_head, "TensorRT-LLM")):
+        for l in range(L):
+            tensors[f"{h}.{l}.linear.weight"] = t[f"blocks.{h}.layers.{l}.weight"]
+            tensors[f"{h}.{l}.linear.bias"] = t.get(f"blocks.{h}.layers.{l}.bias", torch.zeros(H))
+        tensors[f"{h}.{L}.weight"] = w
+    target = cfg.get("target") or {}
+    config = {"medusa_num_heads": K, "medusa_num_layers": L, "hidden_size": H, "vocab_size": cfg["vocab_size"],
+              "base_model_name_or_path": target.get("name_or_path"), "torch_dtype": dtype,
+              "headway": _provenance(cfg, "trtllm")}
+    notes = ["TensorRT-LLM: `python examples/medusa/convert_checkpoint.py --model_dir TARGET "
+             f"--medusa_model_dir THIS_FOLDER --num_medusa_heads {K} --num_medusa_layers {L} "
+             "--output_dir CKPT --dtype float16`, then `trtllm-build --checkpoint_dir CKPT "
+             "--speculative_decoding_mode medusa ...` (pass --num_medusa_heads: its default 4 wins over the config)"]
+    return Export(config, tensors, medusa_trtllm_spec(config), "medusa_lm_head.safetensors", notes)
+
+
+def eagle1_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
+                dtype: str) -> Export:
+    if cfg["fc_bias"]:
+        raise ExportError("these EAGLE-1 heads have a bias on fc (fc_bias=true), but vLLM's EAGLE-1 fc has none "
+                          "(llama_eagle.py: Linear(2H, H, bias=False)) and would run a different model; retrain "
+                          "with fc_bias=false, or export --format sglang")
+    config = llama_config(cfg, "EagleLlamaForCausalLM", dtype) | {"headway": _provenance(cfg, "vllm")}
+    notes = ["vLLM: `LLM(model=TARGET, speculative_config={\"method\": \"eagle\", \"model\": THIS_FOLDER, "
+             "\"num_speculative_tokens\": 4})` (embed_tokens and lm_head are shared with the target)"]
+    return Export(config, dict(t), eagle1_spec(config, fc_bias=False), notes=notes)
+
+
+def eagle1_sglang(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
+                  dtype: str) -> Export:
+    tensors = dict(t)
+    tensors.setdefault("fc.bias", torch.zeros(cfg["hidden_size"]))  # SGLang's fc has a bias: zero = none
+    config = llama_config(cfg, "LlamaForCausalLMEagle", dtype) | {"headway": _provenance(cfg, "sglang")}
+    notes = ["SGLang: `python -m sglang.launch_server --model TARGET --speculative-algorithm EAGLE "
+             "--speculative-draft-model-path THIS_FOLDER --speculative-num-steps 4 --speculative-eagle-topk 1 "
+             "--speculative-num-draft-tokens 5`"]
+    return Export(config, tensors, eagle1_spec(config, fc_bias=True), notes=notes)
+
+
+def engine_aux_layers(aux_layers: list[int], num_target_layers: int, engine: str) -> list[int]:
+    """Headway's aux layers (HF hidden-state indices) as the engine numbers them: vLLM uses the
+    same indices, SGLang captures entering layer id + 1, so it gets index - 1."""
+    L = num_target_layers
+    if len(set(aux_layers)) != len(aux_layers):
+        raise ExportError(f"EAGLE-3 aux layers must be distinct; got {aux_layers}")
+    for i in aux_layers:
+        if not 0 <= i < L:
+            why = (f"index {i} = {L} is the last layer's output, which transformers v5 returns after the final "
+                   "norm (what these heads were trained on) while vLLM and SGLang capture it before the norm")
+            raise ExportError(f"EAGLE-3 aux layer {i} cannot be exported for a {L}-layer target: "
+                              + (why if i == L else f"indices must be in 0..{L - 1}")
+                              + f"; retrain with aux_layers inside 0..{L - 1}")
+    return [i - 1 for i in aux_layers] if engine == "sglang" else list(aux_layers)
+
+
+def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine: str) -> Export:
+    target = cfg.get("target") or {}
+    if not target.get("num_hidden_layers"):
+        raise ExportError("the checkpoint records no target (num_hidden_layers); cannot check its EAGLE-3 aux layers")
+    ids = engine_aux_layers(list(cfg["aux_layers"]), int(target["num_hidden_layers"]), engine)
+    config = llama_config(cfg, "LlamaForCausalLMEagle3", dtype)
+    config |= {"draft_vocab_size": cfg["draft_vocab_size"], "target_hidden_size": cfg["hidden_size"],
+               "norm_before_residual": False,
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+               "headway": _provenance(cfg, engine, aux_layers_hf_index=list(cfg["aux_layers"]),
+                                      aux_layers_written=ids,
+                                      aux_layer_convention="HF output_hidden_states index" if engine == "vllm"
+                                      else "SGLang: HF output_hidden_states index - 1")}
+    if engine == "vllm":
+        config["eagle_aux_hidden_state_layer_ids"] = ids  # the top-level key is the one every vLLM path reads
+    return Export(config, dict(t), eagle3_spec(config))
+
+
+def eagle3_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
+                dtype: str) -> Export:
+    ex = _eagle3(cfg, t, dtype, "vllm")
+    ex.notes.append("vLLM: `LLM(model=TARGET, speculative_config={\"method\": \"eagle3\", \"model\": THIS_FOLDER, "
+                    "\"num_speculative_tokens\": 4})`")
+    return ex
+
+
+def eagle3_sglang(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
+                  dtype: str) -> Export:
+    ex = _eagle3(cfg, t, dtype, "sglang")
+    ex.notes.append("SGLang: `python -m sglang.launch_server --model TARGET --speculative-algorithm EAGLE3 "
+                    "--speculative-draft-model-path THIS_FOLDER --speculative-num-steps 4 "
+                    "--speculative-eagle-topk 1 --speculative-num-draft-tokens 5`")
+    return ex
+
+
+Exporter = Callable[[dict[str, Any], dict[str, torch.Tensor], "torch.Tensor | None", str], Export]
+EXPORTERS: dict[tuple[str, str], Exporter] = {
+    ("medusa", "vllm"): medusa_vllm, ("medusa", "trtllm"): medusa_trtllm,
+    ("eagle1", "vllm"): eagle1_vllm, ("eagle1", "sglang"): eagle1_sglang,
+    ("eagle3", "vllm"): eagle3_vllm, ("eagle3", "sglang"): eagle3_sglang,
+}
+
+
+# -- reading, converting, writing ---------------------------------------------------------------
+def read_heads(source: str | Path | HeadsBase, revision: str | None = None
+               ) -> tuple[dict[str, Any], dict[str, torch.Tensor], str]:
+    """(config, tensors, where) from heads in memory, a checkpoint folder or a Hub repo id."""
+    if isinstance(source, HeadsBase):
+        return source.config_dict(), {k: v.detach().cpu() for k, v in source.state_dict().items()}, source.kind
+    path = resolve_checkpoint(source, revision)
+    cfg = read_config(path)
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise ExportError(f"{path} has no model.safetensors")
+    return cfg, load_file(str(weights)), str(weights)
+
+
+def target_lm_head(target: nn.Module | str | Path | None, cfg: dict[str, Any]) -> torch.Tensor | None:
+    """The target's output projection (V, H), after checking the target matches the heads."""
+    if target is None:
+        return None
+    if not isinstance(target, nn.Module):
+        from ..data.targets import resolve_target_path
+        from ..target import load_target
+
+        target, _ = load_target(resolve_target_path(str(target)), device="cpu")
+    from ..target import TargetInfo
+
+    if cfg.get("target"):
+        TargetInfo(**cfg["target"]).check_matches(TargetInfo.of(target))
+    return target.get_output_embeddings().weight.detach().cpu()
+
+
+def _cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    return {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
+            for k, v in tensors.items()}
+
+
+def build_export(source: str | Path | HeadsBase, fmt: str, target: nn.Module | str | Path | None = None,
+                 dtype: str | None = None, revision: str | None = None) -> Export:
+    """Everything but the writing: read, check the input, convert, check the output against the spec."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format '{fmt}'; use one of {', '.join(FORMATS)}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ExportError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
+    cfg, tensors, where = read_heads(source, revision)
+    kind = cfg["kind"]
+    fn = EXPORTERS.get((kind, fmt))
+    if fn is None:
+        engines = [f for k, f in EXPORTERS if k == kind]
+        raise ExportError(f"{kind} heads cannot be exported to {fmt}; formats for {kind}: {', '.join(engines)}")
+    check_tensors(tensors, native_spec(cfg), f"heads checkpoint {where}")
+    lm_head = target_lm_head(target, cfg) if kind == "medusa" and not cfg["own_lm_head"] else None
+    out_dtype = dtype or str(next(v.dtype for v in tensors.values() if v.is_floating_point())).removeprefix("torch.")
+    ex = fn(cfg, tensors, lm_head, out_dtype)
+    ex.tensors = _cast(ex.tensors, DTYPES.get(out_dtype))
+    check_tensors(ex.tensors, ex.spec, f"{fmt} export of {where}")
+    return ex
+
+
+def export_readme(ex: Export, fmt: str) -> str:
+    h = ex.config["headway"]
+    lines = [f"# {h['kind']} heads exported for {fmt}", "", f"Exported by {h['exported_by']} from a headway "
+             f"checkpoint trained for `{(h.get('target') or {}).get('name_or_path')}`.", "", "## Load", ""]
+    lines += [f"- {n}" for n in ex.notes]
+    lines += ["", "## Files", "", "- `config.json`", f"- `{ex.weights_file}` ({len(ex.tensors)} tensors)", ""]
+    return "\n".join(lines)
+
+
+def write_atomic(out: Path, files: dict[str, Callable[[Path], None]]) -> Path:
+    """Write each file through its writer into a temp folder beside ``out``, then rename into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, write in files.items():
+            write(tmp / name)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.rename(out, old / "x")
+            os.rename(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def export_heads(source: str | Path | HeadsBase, fmt: str, out: str | Path,
+                 target: nn.Module | str | Path | None = None, dtype: str | None = None,
+                 revision: str | None = None) -> Path:
+    """Export heads (object, folder or Hub repo id) to ``out`` in an engine's format."""
+    ex = build_export(source, fmt, target, dtype, revision)
+    kind = ex.config["headway"]["kind"]
+    meta = {"format": "pt", "exported_by": "headway", "kind": kind, "engine": fmt}
+    files: dict[str, Callable[[Path], None]] = {
+        ex.weights_file: lambda p: save_file(ex.tensors, str(p), metadata=meta),
+        "config.json": lambda p: p.write_text(json.dumps(ex.config, indent=2) + "\n"),
+        "README.md": lambda p: p.write_text(export_readme(ex, fmt)),
+    }
+    return write_atomic(Path(out).expanduser(), files)
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+@dataclass
+class ExportConfig:
+    heads: str = opt(help="headway heads: a checkpoint folder or a Hub repo id (org/name)", positional=True)
+    format: str = opt(help="engine format: vllm (Medusa, EAGLE-1, EAGLE-3), sglang (EAGLE-1, EAGLE-3), "
+                           "trtllm (Medusa)", choices=FORMATS)
+    out: str = opt(help="write the engine folder here (replaced atomically if it exists)")
+    target: str | None = opt(None, "target model (folder, Hub id or 'demo'); needed only for Medusa heads that "
+                                   "share the target's lm_head")
+    dtype: str | None = opt(None, "cast floating tensors to float32 | bfloat16 | float16 (default: keep)",
+                            choices=tuple(DTYPES))
+    revision: str | None = opt(None, "Hub revision of the heads")
+
+
+def export_cli(cfg: ExportConfig) -> int:
+    import time
+
+    t0 = time.perf_counter()
+    out = export_heads(cfg.heads, cfg.format, cfg.out, target=cfg.target, dtype=cfg.dtype, revision=cfg.revision)
+    print(f"exported {cfg.heads} for {cfg.format} into {out} ({time.perf_counter() - t0:.1f}s)")
+    print((out / "README.md").read_text().split("## Load", 1)[1].split("## Files", 1)[0].strip())
+    return 0
