@@ -5,6 +5,7 @@ import torch
 
 from headway.decode import Speculator
 from headway.decode import speculator as speculator_module
+from headway.decode.proposers import make_proposer
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.testing import ARCHITECTURES, sample_texts, tiny_target
 
@@ -113,7 +114,7 @@ def test_oracle_drafts_exercise_acceptance_and_stay_exact(models, arch):
         spec = Speculator(model, tok, make_heads(kind, model), tree=shape)
         for i, p in enumerate(prompts(tok, n=6, seed=3)):
             ref = reference(model, p, 100)  # long: the cache is grown and compacted many times
-            spec.proposer = OracleProposer(spec.proposer, ref, len(p), V, seed=i)
+            spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), V, seed=i)
             out = spec.generate(p, max_new_tokens=100)
             assert out.ids == ref, (arch, kind, shape, i)
             taus.append(out.stats.tau)
@@ -129,7 +130,7 @@ def test_prompt_near_context_limit(models):
     ref = reference(model, ids, 10)
     for kind, shape in [("medusa", "mc_sim_7b_63"), ("eagle3", "dynamic-4-4-12")]:
         spec = Speculator(model, tok, make_heads(kind, model), tree=shape)
-        spec.proposer = OracleProposer(spec.proposer, ref, len(ids), model.config.vocab_size)
+        spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(ids), model.config.vocab_size)
         out = spec.generate(ids, max_new_tokens=50)  # capped at the context window
         assert out.ids == ref and len(ids) + len(out.ids) == limit and out.stats.stopped_by == "length"
 
@@ -142,7 +143,7 @@ def test_stops_at_eos(models):
     model.generation_config.eos_token_id = eos
     try:
         spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4")
-        spec.proposer = OracleProposer(spec.proposer, ref, len(p), model.config.vocab_size)
+        spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), model.config.vocab_size)
         out = spec.generate(p, max_new_tokens=30)
         assert out.ids == ref[: ref.index(eos) + 1] and out.stats.stopped_by == "eos"
     finally:

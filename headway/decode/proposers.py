@@ -6,6 +6,8 @@ positions) and then answers the tree builder's questions (``root_logprobs``, ``e
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -24,6 +26,7 @@ class MedusaProposer:
     def __init__(self, heads: MedusaHeads) -> None:
         self.heads = heads
         self.max_depth = heads.config.num_heads
+        self.draft_vocab_size = heads.config.vocab_size
         self.feature_layers = [-1]
         self.logp: torch.Tensor | None = None  # (K, V)
 
@@ -40,6 +43,12 @@ class MedusaProposer:
 
     def root_logprobs(self) -> torch.Tensor:
         return self.logp[0]
+
+    def end_tree(self) -> None:
+        pass
+
+    def fork(self) -> "MedusaProposer":
+        return copy.copy(self)  # state is replaced, never mutated in place
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
         return self.logp[depth].expand(tokens.numel(), -1)
@@ -59,6 +68,7 @@ class EagleProposer:
     def __init__(self, drafter: Eagle1Drafter | Eagle3Drafter, max_depth: int | None = None) -> None:
         self.drafter = drafter
         self.max_depth = max_depth
+        self.draft_vocab_size = getattr(drafter.config, "draft_vocab_size", drafter.config.vocab_size)
         self.feature_layers = list(drafter.feature_layers)
         self.cache = DraftCache()
         self.base = 0  # cache length before the tree = position of the tree root
@@ -109,6 +119,11 @@ class EagleProposer:
 
     def end_tree(self) -> None:
         self.cache.crop(self.base)
+
+    def fork(self) -> "EagleProposer":
+        twin = copy.copy(self)
+        twin.cache = copy.copy(self.cache)  # append/crop rebuild tensors, never write into them
+        return twin
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.drafter.to_target_ids(draft_ids)

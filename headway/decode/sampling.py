@@ -40,7 +40,7 @@ def processed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF draw from (V,) ``probs`` with a uniform ``u`` in [0, 1)."""
     cdf = probs.cumsum(-1)
-    idx = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1)).clamp(max=probs.numel() - 1)
+    idx = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True).clamp(max=probs.numel() - 1)
     return idx[0]
 
 

@@ -97,6 +97,12 @@ class StaticShape:
     def truncated(self, max_depth: int) -> "StaticShape":
         return StaticShape([p for p in self.paths if len(p) <= max_depth], name=f"{self.name}[:{max_depth}]")
 
+    def within_vocab(self, vocab: int) -> "StaticShape":
+        """Drop paths asking for a rank the draft vocabulary does not have."""
+        if max(max(p) for p in self.paths) < vocab:
+            return self
+        return StaticShape([p for p in self.paths if max(p) < vocab], name=f"{self.name}[rank<{vocab}]")
+
 
 def chain(depth: int) -> StaticShape:
     """A single path of top-1 drafts."""

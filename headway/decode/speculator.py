@@ -7,6 +7,7 @@ the longest agreeing path plus one bonus token is emitted; the cache keeps the a
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..heads import HeadsBase, load_heads
 from .kv import keep_accepted
 from .proposers import EagleProposer, hidden_index, make_proposer
 from .sampling import SamplingParams, processed_probs, sample_from, verify_sample
-from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, parse_shape
+from .shapes import DraftTree, DynamicShape, StaticShape, TreeShape, build_tree, chain, parse_shape
 from .tree import additive_mask
 from .verify import Verdict, verify_greedy
 
@@ -74,6 +75,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class DecodeState:
+    """Everything one generation carries from step to step."""
+
+    cache: DynamicCache  # the target's KV cache: ``length`` entries
+    proposer: Any  # per-generation draft state (MedusaProposer / EagleProposer)
+    emitted: list[int]  # tokens generated so far; the last one is the next tree's root
+    length: int
+
+
+@dataclass
+class Scored:
+    """A drafted tree after the target's verify forward."""
+
+    tree: DraftTree
+    logits: torch.Tensor  # (N, V) target logits at every node
+    features: list[torch.Tensor]  # per feature layer (N, H) target hidden states at every node
+    verify_time: float
+
+
 class Speculator:
     """Target + heads + tree shape. ``generate`` returns exactly what the target would: greedy
     output equals ``model.generate(do_sample=False)``; sampling follows the target's distribution."""
@@ -83,10 +104,11 @@ class Speculator:
         self.target = target
         self.tokenizer = tokenizer
         self.heads = heads.to(device=self.device).eval()
-        self.proposer = make_proposer(heads, max_depth)
-        self.tree = self._default_tree(tree)
+        self.max_depth = max_depth
+        proposer = self.new_proposer()  # a template: its limits decide the tree
+        self.tree = self._default_tree(tree, proposer)
         L = int(target.config.num_hidden_layers)
-        self._layers = [hidden_index(i, L) for i in self.proposer.feature_layers]
+        self._layers = [hidden_index(i, L) for i in proposer.feature_layers]
         self._shape_cache: dict[int, TreeShape] = {}
 
     # -- construction ------------------------------------------------------------------------
@@ -112,13 +134,19 @@ class Speculator:
             tree = (heads.metadata.get("decode") or {}).get("tree")
         return cls(target, tokenizer, heads, tree, max_depth)
 
-    def _default_tree(self, tree: TreeShape | str | None) -> TreeShape:
+    @staticmethod
+    def _default_tree(tree: TreeShape | str | None, proposer: Any) -> TreeShape:
         if isinstance(tree, str):
             tree = parse_shape(tree)
         if tree is None:
-            tree = chain(self.proposer.max_depth) if isinstance(self.proposer.max_depth, int) and \
-                not isinstance(self.proposer, EagleProposer) else DynamicShape(top_k=4, depth=5, total_tokens=16)
-        cap = self.proposer.max_depth
+            tree = DynamicShape(top_k=4, depth=5, total_tokens=16) if isinstance(proposer, EagleProposer) \
+                else chain(proposer.max_depth)
+        vocab = proposer.draft_vocab_size
+        if isinstance(tree, StaticShape):
+            tree = tree.within_vocab(vocab)
+        elif tree.top_k > vocab:
+            tree = DynamicShape(vocab, tree.depth, tree.total_tokens)
+        cap = proposer.max_depth
         if cap is not None:
             if isinstance(tree, StaticShape) and tree.depth > cap:
                 tree = tree.truncated(cap)
@@ -177,11 +205,54 @@ class Speculator:
         return self._shape_cache[room]
 
     # -- the loop -----------------------------------------------------------------------------
+    def new_proposer(self) -> Any:
+        """Per-generation draft state (the heads are shared)."""
+        return make_proposer(self.heads, self.max_depth)
+
     def _forward(self, ids: torch.Tensor, cache: DynamicCache, **kw: Any) -> Any:
         return self.target(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=self._layers, **kw)
 
     def _features(self, out: Any, index: torch.Tensor | slice) -> list[torch.Tensor]:
         return [out.hidden_states[i][0, index] for i in self._layers]
+
+    def start(self, input_ids: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> DecodeState:
+        """Prefill the target and the proposer; the first token comes from the target alone."""
+        cache = DynamicCache(config=self.target.config)
+        out = self._forward(input_ids, cache)
+        first = self._choose(out.logits[0, -1], params, gen)
+        proposer = self.new_proposer()
+        proposer.prefill(input_ids, [f[None] for f in self._features(out, slice(None))], first)
+        return DecodeState(cache, proposer, [int(first)], input_ids.shape[1])
+
+    def draft_and_score(self, state: DecodeState) -> Scored:
+        """Draft a tree rooted at the last emitted token and run the one target forward over it."""
+        P = state.length
+        root = torch.tensor(state.emitted[-1], device=self.device)
+        tree = build_tree(self._shape_for(self.max_positions - 1 - P), state.proposer, root)
+        state.proposer.end_tree()
+        _sync(self.device)
+        t = time.perf_counter()
+        b = tree.buffers
+        out = self._forward(tree.tokens[None], state.cache, position_ids=(b.depth + P)[None],
+                            attention_mask=additive_mask(b.visible, P, self.dtype))
+        _sync(self.device)
+        return Scored(tree, out.logits[0], self._features(out, slice(None)), time.perf_counter() - t)
+
+    def commit(self, state: DecodeState, scored: Scored, verdict: Verdict) -> list[int]:
+        """Keep the accepted KV entries, tell the proposer, append the emitted tokens (accepted path +
+        bonus) to ``state.emitted`` and return them."""
+        tree = scored.tree
+        keep_accepted(state.cache, state.length, tree.buffers.size, verdict.nodes)
+        path_tokens = torch.cat([tree.tokens[verdict.nodes], verdict.bonus.view(1)])
+        state.proposer.accept(path_tokens, [f[verdict.nodes] for f in scored.features], state.length)
+        state.length += verdict.nodes.numel()
+        new = path_tokens[1:].tolist()
+        state.emitted += new
+        return new
+
+    def fork(self, state: DecodeState) -> DecodeState:
+        """An independent copy of a decode state (for tree search over outcomes in tests)."""
+        return DecodeState(copy.deepcopy(state.cache), state.proposer.fork(), list(state.emitted), state.length)
 
     @torch.inference_mode()
     def stream(self, prompt: Any, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
@@ -200,55 +271,33 @@ class Speculator:
         max_new_tokens = min(max_new_tokens, self.max_positions - n)
         stats.prompt_tokens = n
         eos = self._eos_ids()
-        dev = self.device
         t_start = time.perf_counter()
-
-        cache = DynamicCache(config=self.target.config)
-        out = self._forward(input_ids, cache)
-        first = self._choose(out.logits[0, -1], params, gen)
-        self.proposer.prefill(input_ids, [f[None] for f in self._features(out, slice(None))], first)
-        _sync(dev)
+        state = self.start(input_ids, params, gen)
+        _sync(self.device)
         stats.time_prefill = time.perf_counter() - t_start
-        emitted: list[int] = [int(first)]
+        emitted = state.emitted
         stats.new_tokens = 1
-        text_tail = ""
         yield emitted[:]
         done = self._stopped(emitted, eos, max_new_tokens, stats)
-        P = n
         while not done:
             t0 = time.perf_counter()
-            shape = self._shape_for(self.max_positions - 1 - P)
-            tree = build_tree(shape, self.proposer, torch.tensor(emitted[-1], device=dev))
-            if isinstance(self.proposer, EagleProposer):
-                self.proposer.end_tree()
-            _sync(dev)
-            t1 = time.perf_counter()
-            b = tree.buffers
-            out = self._forward(tree.tokens[None], cache, position_ids=(b.depth + P)[None],
-                                attention_mask=additive_mask(b.visible, P, self.dtype))
-            _sync(dev)
+            scored = self.draft_and_score(state)
             t2 = time.perf_counter()
-            verdict = self._verify(tree.tokens, b, out.logits[0], params, gen)
-            keep_accepted(cache, P, b.size, verdict.nodes)
-            path_tokens = torch.cat([tree.tokens[verdict.nodes], verdict.bonus.view(1)])
-            self.proposer.accept(path_tokens, self._features(out, verdict.nodes), P)
-            new = path_tokens[1:].tolist()
-            P += verdict.nodes.numel()
+            verdict = self._verify(scored.tree.tokens, scored.tree.buffers, scored.logits, params, gen)
+            before = len(emitted)
+            self.commit(state, scored, verdict)
+            del emitted[max_new_tokens:]
             stats.target_forwards += 1
             _record_depths(stats, verdict)
-            before = len(emitted)
-            emitted += new[: max_new_tokens - before]
             stats.new_tokens = len(emitted)
             done = self._stopped(emitted, eos, max_new_tokens, stats, len(emitted) - before)
-            new = emitted[before:]
             if stop and not done:
-                text_tail, done = self._stop_strings(emitted, stop, stats)
-            _sync(dev)
-            t3 = time.perf_counter()
-            stats.time_draft += t1 - t0
-            stats.time_verify += t2 - t1
-            stats.time_bookkeeping += t3 - t2
-            yield new
+                done = self._stop_strings(emitted, stop, stats)[1]
+            _sync(self.device)
+            stats.time_verify += scored.verify_time
+            stats.time_draft += t2 - t0 - scored.verify_time
+            stats.time_bookkeeping += time.perf_counter() - t2
+            yield emitted[before:]
         stats.time_total = time.perf_counter() - t_start
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:

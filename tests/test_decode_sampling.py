@@ -1,0 +1,170 @@
+"""Sampling is exact: speculative samples follow the target's processed distribution.
+
+A 6-token vocabulary makes the distribution over the first three generated tokens enumerable
+(216 sequences). Each sample runs the real decoder parts (proposer, tree, target verify forward,
+KV commit, ``verify_sample`` with fresh random draws); decode states are memoised by the emitted
+prefix (there are at most 42), so 20,000 samples per head kind and tree shape take seconds.
+"""
+
+import itertools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from headway.decode import Speculator
+from headway.decode.sampling import SamplingParams, processed_probs, sample_from, verify_sample
+from headway.decode.tree import TreeBuffers
+from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.testing import tiny_tokenizer
+
+V, N_TOKENS, N_SAMPLES = 6, 3, 20_000
+PROMPT = [0, 3, 2, 5]
+
+
+@pytest.fixture(scope="module")
+def target():
+    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0, eos_token_id=None,
+                      pad_token_id=None)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(12.0)  # spread but not flat next-token distributions
+    return model
+
+
+def heads_for(kind, model):
+    torch.manual_seed(1)
+    if kind == "medusa":
+        h = MedusaHeads.for_target(model, num_heads=3)
+        with torch.no_grad():
+            for p in h.parameters():
+                p.normal_(0, 0.5)
+        return h
+    if kind == "eagle1":
+        return Eagle1Drafter.for_target(model)
+    h = Eagle3Drafter.for_target(model, draft_vocab_size=4)
+    h.set_draft_vocab(torch.tensor([1, 2, 3, 5]))
+    return h
+
+
+@torch.no_grad()
+def exact_distribution(model, params):
+    """P(x1, x2, x3 | prompt) under the processed target distribution, by enumeration."""
+    probs = {}
+    for seq in itertools.product(range(V), repeat=N_TOKENS - 1):
+        ids = torch.tensor([PROMPT + list(seq)])
+        step = processed_probs(model(ids).logits[0, -N_TOKENS:], params)  # (3, V)
+        for x3 in range(V):
+            p = step[0, seq[0]] * step[1, seq[1]] * step[2, x3]
+            probs[seq + (x3,)] = float(p)
+    return probs
+
+
+@torch.no_grad()
+def speculative_samples(spec, params, n, seed, verifier=verify_sample):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.tensor([PROMPT])
+    logits0 = spec.target(ids).logits[0, -1]
+    states, scored_memo, counts = {}, {}, {}
+    for _ in range(n):
+        prefix = (int(spec._choose(logits0, params, gen)),)  # the decoder's own first-token sampler
+        if prefix not in states:
+            spec_choose = spec._choose
+            spec._choose = lambda *a, x=prefix[0]: torch.tensor(x)
+            states[prefix] = spec.start(ids, params, gen)
+            spec._choose = spec_choose
+        while len(prefix) < N_TOKENS:
+            if prefix not in scored_memo:
+                st = spec.fork(states[prefix])
+                scored_memo[prefix] = (st, spec.draft_and_score(st))
+            st, scored = scored_memo[prefix]
+            u = torch.rand(scored.tree.buffers.size + 1, generator=gen)
+            verdict = verifier(scored.tree.tokens, scored.tree.buffers, processed_probs(scored.logits, params),
+                               u[:-1], u[-1])
+            new = scored.tree.tokens[verdict.nodes[1:]].tolist() + [int(verdict.bonus)]
+            nxt = prefix + tuple(new)
+            if len(nxt) < N_TOKENS and nxt not in states:
+                twin = spec.fork(st)
+                assert spec.commit(twin, scored, verdict) == new and tuple(twin.emitted) == nxt
+                states[nxt] = twin
+            prefix = nxt
+        key = prefix[:N_TOKENS]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def chi_square_pvalue(counts, probs, n):
+    """Pearson chi-square over the enumerated sequences, pooling cells with expected count < 5."""
+    cells, pool_obs, pool_exp = [], 0.0, 0.0
+    for key, p in probs.items():
+        e, o = p * n, counts.get(key, 0)
+        if e < 5:
+            pool_obs, pool_exp = pool_obs + o, pool_exp + e
+        else:
+            cells.append((o, e))
+    if pool_exp > 0:
+        cells.append((pool_obs, pool_exp))
+    stat = sum((o - e) ** 2 / e for o, e in cells)
+    dof = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+def total_variation(counts, probs, n):
+    return 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
+
+
+CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3") for shape in ("chain-3", "mc_sim_7b_63",
+                                                                                  "dynamic-3-3-8")]
+
+
+@pytest.mark.parametrize("kind,shape", CASES)
+def test_speculative_sampling_matches_target(target, kind, shape):
+    params = SamplingParams(temperature=1.0)
+    spec = Speculator(target, tiny_tokenizer(), heads_for(kind, target), tree=shape)
+    probs = exact_distribution(target, params)
+    counts = speculative_samples(spec, params, N_SAMPLES, seed=hash((kind, shape)) % 1000)
+    assert sum(counts.values()) == N_SAMPLES
+    p = chi_square_pvalue(counts, probs, N_SAMPLES)
+    assert p > 1e-3, (kind, shape, p, total_variation(counts, probs, N_SAMPLES))
+    assert total_variation(counts, probs, N_SAMPLES) < 0.04
+
+
+def test_processed_distribution_with_top_k_and_top_p(target):
+    params = SamplingParams(temperature=0.7, top_k=4, top_p=0.9)
+    spec = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="dynamic-3-3-8")
+    probs = exact_distribution(target, params)
+    counts = speculative_samples(spec, params, N_SAMPLES, seed=7)
+    assert chi_square_pvalue(counts, probs, N_SAMPLES) > 1e-3
+    assert all(probs[k] > 0 for k in counts)  # nothing outside top-k / top-p is ever emitted
+
+
+def test_biased_verifier_is_rejected(target):
+    """The same test fails a verifier that forgets to renormalise after a rejection."""
+    params = SamplingParams(temperature=1.0)
+    spec = Speculator(target, tiny_tokenizer(), heads_for("medusa", target), tree="mc_sim_7b_63")
+    probs = exact_distribution(target, params)
+
+    def biased(*args):
+        return verify_sample(*args, renormalise=False)
+
+    counts = speculative_samples(spec, params, N_SAMPLES, seed=3, verifier=biased)
+    assert chi_square_pvalue(counts, probs, N_SAMPLES) < 1e-6
+
+
+def test_verify_sample_by_hand():
+    # root with children tokens 2 then 4; target at the root: p = [.1, 0, .3, 0, .6, 0]
+    b = TreeBuffers.build(torch.tensor([-1, 0, 0]))
+    tokens = torch.tensor([0, 2, 4])
+    probs = torch.tensor([[0.1, 0, 0.3, 0, 0.6, 0], [0, 1.0, 0, 0, 0, 0], [0, 0, 0, 1.0, 0, 0]])
+    # u for node 1 = 0.2 < 0.3: accept token 2; then node 1 has no children: bonus from probs[1] -> 1
+    v = verify_sample(tokens, b, probs, torch.tensor([0, 0.2, 0.0]), torch.tensor(0.5))
+    assert v.nodes.tolist() == [0, 1] and int(v.bonus) == 1
+    # reject 2 (u=0.5 >= .3), residual [.1,0,0,0,.6,0]/.7: accept 4 iff u < .6/.7
+    v = verify_sample(tokens, b, probs, torch.tensor([0, 0.5, 0.8]), torch.tensor(0.5))
+    assert v.nodes.tolist() == [0, 2] and int(v.bonus) == 3
+    v = verify_sample(tokens, b, probs, torch.tensor([0, 0.5, 0.9]), torch.tensor(0.5))
+    assert v.nodes.tolist() == [0] and int(v.bonus) == 0  # residual is only token 0
+    assert int(sample_from(torch.tensor([0.0, 0.25, 0.75]), torch.tensor(0.3))) == 2
