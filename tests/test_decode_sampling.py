@@ -168,3 +168,21 @@ def test_verify_sample_by_hand():
     v = verify_sample(tokens, b, probs, torch.tensor([0, 0.5, 0.9]), torch.tensor(0.5))
     assert v.nodes.tolist() == [0] and int(v.bonus) == 0  # residual is only token 0
     assert int(sample_from(torch.tensor([0.0, 0.25, 0.75]), torch.tensor(0.3))) == 2
+
+
+def test_typical_acceptance_is_lossy_and_labelled(target):
+    """Typical acceptance accepts more than exact sampling, and the statistical test catches its bias."""
+    from headway.decode.sampling import verify_typical
+
+    params = SamplingParams(temperature=1.0)
+    spec = Speculator(target, tiny_tokenizer(), heads_for("medusa", target), tree="mc_sim_7b_63", typical=(0.09, 0.3))
+    assert "LOSSY" in Speculator.__init__.__doc__
+
+    def typical(tokens, b, probs, u_accept, u_bonus):
+        return verify_typical(tokens, b, probs, 0.09, 0.3, u_bonus)
+
+    probs = exact_distribution(target, params)
+    counts = speculative_samples(spec, params, N_SAMPLES, seed=5, verifier=typical)
+    assert chi_square_pvalue(counts, probs, N_SAMPLES) < 1e-6
+    out = spec.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=0)
+    assert len(out.ids) >= 1 and out.stats.target_forwards >= 1

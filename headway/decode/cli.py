@@ -26,6 +26,10 @@ class GenerateConfig:
     dtype: str = opt("float32", "target dtype (float32 | bfloat16 | float16)")
     device: str | None = opt(None, "device (default: cuda if available, else cpu)")
     adapter: str | None = opt(None, "PEFT adapter to merge into the target (Medusa-2); default: the one the heads record")
+    typical: bool = opt(False, "LOSSY: Medusa's typical acceptance when sampling (faster; output no longer "
+                               "follows the target's distribution)")
+    posterior_threshold: float = opt(0.09, "typical acceptance: probability threshold (epsilon)")
+    posterior_alpha: float = opt(0.3, "typical acceptance: entropy factor (delta)")
 
 
 @dataclass
@@ -40,12 +44,13 @@ class ChatConfig:
     device: str | None = opt(None, "device")
 
 
-def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: str | None, adapter: str | None = None):
+def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: str | None, adapter: str | None = None,
+                typical: tuple[float, float] | None = None):
     from ..data.targets import resolve_target_path
     from .speculator import Speculator
 
     return Speculator.from_pretrained(resolve_target_path(target), heads, tree=tree, dtype=dtype, device=device,
-                                      adapter=adapter)
+                                      adapter=adapter, typical=typical)
 
 
 def generate_cli(cfg: GenerateConfig) -> int:
@@ -53,7 +58,13 @@ def generate_cli(cfg: GenerateConfig) -> int:
 
     if not cfg.prompt:
         raise DecodeError("give a prompt with --prompt '...'")
-    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter)
+    typical = (cfg.posterior_threshold, cfg.posterior_alpha) if cfg.typical else None
+    if typical and cfg.temperature <= 0:
+        raise DecodeError("--typical applies to sampling; set --temperature > 0 (greedy is always exact)")
+    if typical:
+        print("warning: typical acceptance is LOSSY: the output does not follow the target's distribution",
+              file=sys.stderr)
+    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter, typical)
     kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
               stop=cfg.stop, seed=cfg.seed, chat=cfg.chat)
     if cfg.stream:

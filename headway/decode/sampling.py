@@ -74,3 +74,24 @@ def verify_sample(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tenso
             return Verdict(torch.tensor(path, device=tokens.device), sample_from(r, u_bonus))
         path.append(nxt)
         node = nxt
+
+
+def verify_typical(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tensor, threshold: float, alpha: float,
+                   u_bonus: torch.Tensor) -> Verdict:
+    """Medusa's *typical acceptance* — LOSSY: output no longer follows the target's distribution.
+
+    A node is accepted when the target gives its token probability above
+    ``min(threshold, alpha * exp(-entropy))`` at its parent; the longest such path wins and the
+    bonus token is sampled from the target at its last node.
+    """
+    entropy = -(probs * probs.clamp(min=1e-30).log()).sum(-1)  # (N,)
+    bar = torch.minimum(torch.full_like(entropy, threshold), alpha * torch.exp(-entropy))  # (N,)
+    par = buffers.parents.clamp(min=0)
+    ok_node = probs[par, tokens] > bar[par]
+    ok_node[0] = True
+    paths = buffers.retrieve
+    ok = ok_node[paths.clamp(min=0)] & (paths >= 0)
+    length = ok.long().cumprod(dim=1).sum(dim=1)
+    best = length.argmax()
+    nodes = paths[best, : int(length[best])]
+    return Verdict(nodes, sample_from(probs[nodes[-1]], u_bonus))

@@ -21,7 +21,7 @@ from ..errors import HeadwayError
 from ..heads import HeadsBase, load_heads
 from .kv import keep_accepted
 from .proposers import EagleProposer, hidden_index, make_proposer
-from .sampling import SamplingParams, processed_probs, sample_from, verify_sample
+from .sampling import SamplingParams, processed_probs, sample_from, verify_sample, verify_typical
 from .shapes import DraftTree, DynamicShape, StaticShape, TreeShape, build_tree, chain, parse_shape
 from .tree import additive_mask
 from .verify import Verdict, verify_greedy
@@ -100,11 +100,14 @@ class Speculator:
     output equals ``model.generate(do_sample=False)``; sampling follows the target's distribution."""
 
     def __init__(self, target: nn.Module, tokenizer: Any, heads: HeadsBase, tree: TreeShape | str | None = None,
-                 max_depth: int | None = None) -> None:
+                 max_depth: int | None = None, typical: tuple[float, float] | None = None) -> None:
+        """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
+        LOSSY (faster, but the output no longer follows the target's distribution); off by default."""
         self.target = target
         self.tokenizer = tokenizer
         self.heads = heads.to(device=self.device).eval()
         self.max_depth = max_depth
+        self.typical = typical
         proposer = self.new_proposer()  # a template: its limits decide the tree
         self.tree = self._default_tree(tree, proposer)
         L = int(target.config.num_hidden_layers)
@@ -116,7 +119,7 @@ class Speculator:
     def from_pretrained(cls, target: str | nn.Module, heads: str | Path | HeadsBase, tokenizer: Any = None,
                         tree: TreeShape | str | None = None, dtype: str | torch.dtype | None = "float32",
                         device: str | torch.device | None = None, adapter: str | None = None,
-                        max_depth: int | None = None) -> "Speculator":
+                        max_depth: int | None = None, typical: tuple[float, float] | None = None) -> "Speculator":
         from ..target import load_target
 
         if isinstance(target, (str, Path)):
@@ -132,7 +135,7 @@ class Speculator:
             heads.attach(target)
         if tree is None:
             tree = (heads.metadata.get("decode") or {}).get("tree")
-        return cls(target, tokenizer, heads, tree, max_depth)
+        return cls(target, tokenizer, heads, tree, max_depth, typical)
 
     @staticmethod
     def _default_tree(tree: TreeShape | str | None, proposer: Any) -> TreeShape:
@@ -310,6 +313,8 @@ class Speculator:
         if params.greedy:
             return verify_greedy(tokens, b, logits)
         u = torch.rand(b.size + 1, generator=gen).to(logits.device)
+        if self.typical is not None:
+            return verify_typical(tokens, b, processed_probs(logits, params), *self.typical, u[-1])
         return verify_sample(tokens, b, processed_probs(logits, params), u[:-1], u[-1])
 
     @staticmethod
