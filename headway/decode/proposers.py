@@ -82,8 +82,7 @@ class EagleProposer:
         pos = torch.arange(start, start + m, device=tokens.device)[None]
         out = d(tokens, d.fuse(features), pos, causal_mask(m, start, dtype, tokens.device), self.cache)
         self.base = start + m
-        self.prev_out = out[0, -1:]  # (1, H): the root's output feeds the depth-1 nodes
-        self.prev_vis = torch.zeros(1, 0, dtype=torch.bool, device=tokens.device)  # (rows, tree slots so far)
+        self.root_out = out[0, -1:]  # (1, H): the root's output feeds the depth-1 nodes
         self.root_lp = F.log_softmax(d.logits(out[:, -1:])[0, 0].float(), dim=-1)
 
     def prefill(self, input_ids: torch.Tensor, features: list[torch.Tensor], first_token: torch.Tensor) -> None:
@@ -97,6 +96,9 @@ class EagleProposer:
         self._catch_up(tokens[1:][None], [f[None] for f in features], start)
 
     def root_logprobs(self) -> torch.Tensor:
+        """Start a tree: depth-1 nodes read the root's output and see no tree slots yet."""
+        self.prev_out = self.root_out
+        self.prev_vis = torch.zeros(1, 0, dtype=torch.bool, device=self.root_out.device)  # (rows, tree slots)
         return self.root_lp
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:

@@ -120,8 +120,11 @@ class Speculator:
                         tree: TreeShape | str | None = None, dtype: str | torch.dtype | None = "float32",
                         device: str | torch.device | None = None, adapter: str | None = None,
                         max_depth: int | None = None, typical: tuple[float, float] | None = None) -> "Speculator":
+        from ..heads.base import resolve_checkpoint
         from ..target import load_target
 
+        if not isinstance(heads, HeadsBase):
+            heads = resolve_checkpoint(heads)  # fail fast, before loading a large target
         if isinstance(target, (str, Path)):
             if adapter is None and not isinstance(heads, HeadsBase):
                 adapter = _adapter_of(heads)

@@ -1,0 +1,270 @@
+"""``headway tune``: pick the tree that is fastest on *this* machine for *these* heads.
+
+Tree size is a hardware question: on a 2-core CPU a 16-token verify costs about twice a
+1-token forward, on a GPU about the same. So we measure (1) per-depth / per-rank draft
+acceptance on calibration prompts, (2) the forward-cost curve of the target (tree tokens per
+verify vs seconds) and the draft cost of each candidate, (3) predict tokens/s for static trees
+built from the measured accuracies, then (4) run the best predictions, the fixed presets and
+dynamic trees side by side on the prompts and keep the fastest. The result is stored with the
+heads (``metadata["decode"]``) and ``generate`` uses it by default.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import opt
+from .sampling import SamplingParams
+from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
+from .speculator import Speculator
+from .tree import additive_mask
+
+
+@dataclass
+class TuneConfig:
+    target: str = opt(help="target model folder / Hub id, or 'demo'")
+    heads: str = opt(help="heads checkpoint folder (the tuned tree is written into its config.json)")
+    prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
+    num_prompts: int = opt(8, "calibration prompts to use")
+    prompt_tokens: int = opt(96, "prompt length for demo-corpus prompts")
+    max_new_tokens: int = opt(64, "tokens generated per prompt while measuring")
+    probe_depth: int = opt(6, "deepest draft position measured")
+    probe_rank: int = opt(8, "ranks measured per depth")
+    sizes: list[int] = opt(default_factory=lambda: [2, 4, 8, 12, 16, 24, 32, 48, 64],
+                           help="tree sizes (non-root nodes) considered for measured static trees")
+    finalists: int = opt(3, "predicted-best static trees that are run for real")
+    temperatures: list[float] = opt(default_factory=lambda: [0.0], help="temperatures the choice is made for "
+                                                                        "(the mean tokens/s decides)")
+    repeats: int = opt(2, "interleaved timing repeats")
+    dtype: str = opt("float32", "target dtype")
+    device: str | None = opt(None, "device")
+    write: bool = opt(True, "store the chosen tree in the heads' config.json")
+    json_out: str | None = opt(None, "write the measurements here as JSON")
+
+
+def shape_spec(shape: TreeShape) -> str:
+    """The string ``parse_shape`` reads back."""
+    if isinstance(shape, DynamicShape):
+        return f"dynamic-{shape.top_k}-{shape.depth}-{shape.total_tokens}"
+    return "static:" + json.dumps([list(p) for p in shape.paths], separators=(",", ":"))
+
+
+@torch.inference_mode()
+def measure_acceptance(spec: Speculator, prompts: list[Any], depth: int, ranks: int, max_new: int) -> list[list[float]]:
+    """``acc[d][r]``: how often the target's next token at draft depth d+1 is the draft's rank-r
+    candidate, given depths 1..d were right. Measured with a probe tree: the rank-0 chain with
+    ``ranks`` alternatives hanging off every chain node."""
+    probe = StaticShape([(0,) * d + (r,) for d in range(depth) for r in range(ranks)], name="probe")
+    probe = spec._default_tree(probe, spec.new_proposer())
+    depth = probe.depth
+    hits = torch.zeros(depth, ranks)
+    trials = torch.zeros(depth)
+    params, gen = SamplingParams(), torch.Generator()
+    saved = spec.tree
+    spec.tree = probe
+    try:
+        for prompt in prompts:
+            state = spec.start(spec.encode(prompt), params, gen)
+            while len(state.emitted) < max_new and state.length + depth + 1 < spec.max_positions:
+                scored = spec.draft_and_score(state)
+                tree, b = scored.tree, scored.tree.buffers
+                want = scored.logits.argmax(-1)  # target's next token after each node
+                chain_nodes = [0] + [int(i) for i in (probe.ranks == 0).nonzero().flatten()[1:]]
+                for d in range(depth):
+                    parent = chain_nodes[d]
+                    kids = (b.parents == parent).nonzero().flatten()
+                    trials[d] += 1
+                    match = kids[tree.tokens[kids] == want[parent]]
+                    if match.numel() == 0:
+                        break
+                    hits[d, int(probe.ranks[match[0]])] += 1
+                    if int(probe.ranks[match[0]]) != 0:
+                        break
+                spec.commit(state, scored, spec._verify(tree.tokens, b, scored.logits, params, gen))
+    finally:
+        spec.tree = saved
+    return (hits / trials.clamp(min=1)[:, None]).tolist()
+
+
+@torch.inference_mode()
+def forward_cost(spec: Speculator, sizes: list[int], prefix_len: int = 128, repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one target forward over ``n`` tree tokens on a ``prefix_len`` cache."""
+    from transformers import DynamicCache
+
+    dev = spec.device
+    prefix_len = min(prefix_len, spec.max_positions - max(sizes) - 1)
+    ids = torch.randint(3, spec.target.config.vocab_size, (1, prefix_len), device=dev)
+    out: dict[int, float] = {}
+    for n in sorted(set(sizes)):
+        # cost depends on the token count, not on the tree's shape: time a causal block of n tokens
+        mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, spec.dtype)
+        times = []
+        for _ in range(repeats):
+            cache = DynamicCache(config=spec.target.config)
+            spec.target(input_ids=ids, cache=cache, use_cache=True)
+            tok = torch.randint(3, spec.target.config.vocab_size, (1, n), device=dev)
+            t = time.perf_counter()
+            spec.target(input_ids=tok, cache=cache, use_cache=True, attention_mask=mask,
+                        position_ids=(torch.arange(n, device=dev) + prefix_len)[None])
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            times.append(time.perf_counter() - t)
+        out[n] = statistics.median(times)
+    return out
+
+
+@torch.inference_mode()
+def draft_cost(spec: Speculator, shape: TreeShape, prompt: Any, repeats: int = 5) -> float:
+    """Median seconds to draft one tree of ``shape`` after a prefill."""
+    state = spec.start(spec.encode(prompt), SamplingParams(), torch.Generator())
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        build_tree(shape, state.proposer, torch.tensor(state.emitted[-1], device=spec.device))
+        state.proposer.end_tree()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def expected_accepted(shape: StaticShape, acc: list[list[float]]) -> float:
+    """Sum over nodes of the probability that the node is on the accepted path (independence model)."""
+    total = 0.0
+    for path in shape.paths:
+        p = 1.0
+        for d, r in enumerate(path):
+            p *= acc[d][r] if d < len(acc) and r < len(acc[d]) else 0.0
+        total += p
+    return total
+
+
+def interpolate(curve: dict[int, float], n: int) -> float:
+    xs = sorted(curve)
+    if n <= xs[0]:
+        return curve[xs[0]]
+    for a, b in zip(xs, xs[1:]):
+        if n <= b:
+            return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
+    return curve[xs[-1]] * n / xs[-1]
+
+
+@torch.inference_mode()
+def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: list[Any], max_new: int,
+                     temperature: float, repeats: int) -> dict[str, dict[str, float]]:
+    """Interleaved real generation: per candidate total tokens / total time (median over repeats) and tau."""
+    names = list(shapes)
+    tps: dict[str, list[float]] = {n: [] for n in names}
+    tau: dict[str, list[float]] = {n: [] for n in names}
+    saved = spec.tree
+    try:
+        spec.tree = shapes[names[0]]
+        spec.generate(prompts[0], max_new_tokens=8, temperature=temperature, seed=0)  # warm-up
+        for r in range(repeats):
+            tokens = {n: 0 for n in names}
+            secs = {n: 0.0 for n in names}
+            for i, prompt in enumerate(prompts):
+                order = names[(i + r) % len(names):] + names[:(i + r) % len(names)]  # rotate to spread noise
+                for n in order:
+                    spec.tree = shapes[n]
+                    out = spec.generate(prompt, max_new_tokens=max_new, temperature=temperature, seed=i)
+                    tokens[n] += out.stats.new_tokens
+                    secs[n] += out.stats.time_total
+                    tau[n].append(out.stats.tau)
+            for n in names:
+                tps[n].append(tokens[n] / secs[n])
+    finally:
+        spec.tree = saved
+    return {n: {"tokens_per_s": statistics.median(tps[n]), "tau": statistics.mean(tau[n])} for n in names}
+
+
+def presets(spec: Speculator) -> dict[str, TreeShape]:
+    proposer = spec.new_proposer()
+    fix = lambda s: spec._default_tree(s, proposer)  # noqa: E731 - clip to the heads' depth / vocab
+    out = {"chain-4": fix(chain(4)), "mc_sim_7b_63": fix(mc_sim_7b_63())}
+    if proposer.max_depth is None:  # EAGLE: dynamic trees
+        out["dynamic-4-5-16"] = fix(DynamicShape(4, 5, 16))
+        out["dynamic-8-6-48"] = fix(DynamicShape(8, 6, 48))
+    else:
+        out["dynamic-4-4-16"] = fix(DynamicShape(4, proposer.max_depth, 16))
+    return out
+
+
+def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
+    from ..data.sources import read_samples
+    from ..data.targets import resolve_target_path
+
+    say = log or (lambda msg: print(msg, file=sys.stderr))
+    spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, dtype=cfg.dtype, device=cfg.device)
+    samples = read_samples(cfg.prompts, tokenizer=spec.tokenizer, prompt_tokens=cfg.prompt_tokens,
+                           limit=cfg.num_prompts).samples
+    prompts = [s.prompt if s.prompt is not None else s.messages for s in samples]
+    say(f"measuring acceptance by depth and rank on {len(prompts)} prompts ...")
+    acc = measure_acceptance(spec, prompts, cfg.probe_depth, cfg.probe_rank, cfg.max_new_tokens)
+    say("measuring the forward-cost curve ...")
+    cost = forward_cost(spec, [1] + [s + 1 for s in cfg.sizes])
+    candidates: dict[str, tuple[StaticShape, float]] = {}
+    for n in cfg.sizes:
+        shape = spec._default_tree(from_accuracies(acc, n), spec.new_proposer())
+        step = draft_cost(spec, shape, prompts[0]) + interpolate(cost, shape.size)
+        candidates[f"measured-{n}"] = (shape, (1 + expected_accepted(shape, acc)) / step)
+    best = sorted(candidates, key=lambda k: -candidates[k][1])[: cfg.finalists]
+    shapes: dict[str, TreeShape] = {k: candidates[k][0] for k in best}
+    shapes.update(presets(spec))
+    say(f"running {len(shapes)} trees side by side: {', '.join(shapes)}")
+    results = {}
+    for t in cfg.temperatures:
+        results[t] = run_side_by_side(spec, shapes, prompts, cfg.max_new_tokens, t, cfg.repeats)
+    score = {n: statistics.mean(results[t][n]["tokens_per_s"] for t in cfg.temperatures) for n in shapes}
+    winner = max(score, key=score.get)
+    report = {"chosen": winner, "tree": shape_spec(shapes[winner]), "acceptance": acc,
+              "forward_cost_s": {str(k): v for k, v in cost.items()},
+              "predicted_tokens_per_s": {k: v for k, (_, v) in candidates.items()},
+              "side_by_side": {str(t): r for t, r in results.items()}, "device": str(spec.device),
+              "torch_threads": torch.get_num_threads()}
+    if cfg.write:
+        store_tree(Path(cfg.heads), report)
+    if cfg.json_out:
+        Path(cfg.json_out).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def store_tree(heads_dir: Path, report: dict[str, Any]) -> None:
+    """Record the tuned tree in the checkpoint's config.json (atomically) so generate uses it."""
+    import os
+
+    f = heads_dir / "config.json"
+    cfg = json.loads(f.read_text())
+    meta = cfg.setdefault("metadata", {})
+    meta["decode"] = {"tree": report["tree"], "chosen": report["chosen"], "device": report["device"],
+                      "side_by_side": report["side_by_side"]}
+    tmp = f.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+    os.replace(tmp, f)
+
+
+def tune_cli(cfg: TuneConfig) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    report = tune(cfg)
+    table = Table(title=f"tree tuning ({report['device']}); chosen: {report['chosen']}")
+    table.add_column("tree")
+    for t in report["side_by_side"]:
+        table.add_column(f"tok/s T={t}", justify="right")
+        table.add_column(f"tau T={t}", justify="right")
+    for name in next(iter(report["side_by_side"].values())):
+        row = [name + (" *" if name == report["chosen"] else "")]
+        for r in report["side_by_side"].values():
+            row += [f"{r[name]['tokens_per_s']:.1f}", f"{r[name]['tau']:.2f}"]
+        table.add_row(*row)
+    Console().print(table)
+    if cfg.write:
+        print(f"stored in {Path(cfg.heads) / 'config.json'}: generate will use tree {report['chosen']}")
+    return 0

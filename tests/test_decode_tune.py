@@ -1,0 +1,54 @@
+import json
+
+import torch
+
+from headway.cli import main
+from headway.decode import Speculator
+from headway.decode.shapes import StaticShape, chain
+from headway.decode.tune import TuneConfig, expected_accepted, interpolate, shape_spec, tune
+from headway.decode.shapes import parse_shape
+from headway.heads import Eagle1Drafter, MedusaHeads
+from headway.testing import sample_texts
+
+
+def test_expected_accepted_and_interpolation():
+    acc = [[0.5, 0.2], [0.4, 0.1]]
+    shape = StaticShape([(0,), (1,), (0, 0)])
+    assert abs(expected_accepted(shape, acc) - (0.5 + 0.2 + 0.5 * 0.4)) < 1e-9
+    assert interpolate({1: 1.0, 5: 3.0}, 3) == 2.0 and interpolate({1: 1.0, 5: 3.0}, 10) == 6.0
+
+
+def test_shape_spec_round_trip():
+    for shape in (chain(3), StaticShape([(0,), (1,), (0, 2)])):
+        assert parse_shape(shape_spec(shape)).paths == shape.paths
+    assert shape_spec(parse_shape("dynamic-4-5-16")) == "dynamic-4-5-16"
+
+
+def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir):
+    from headway.target import load_target
+
+    model, tok = load_target(str(llama_dir))
+    torch.manual_seed(0)
+    for heads in (MedusaHeads.for_target(model, num_heads=3), Eagle1Drafter.for_target(model)):
+        hdir = heads.save_pretrained(tmp_path / heads.kind)
+        prompts = tmp_path / "p.jsonl"
+        text = sample_texts(20_000)[0]
+        prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(3)))
+        cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=3,
+                         max_new_tokens=12, probe_depth=3, probe_rank=3, sizes=[2, 4], finalists=1, repeats=1,
+                         temperatures=[0.0, 1.0], json_out=str(tmp_path / "tune.json"))
+        report = tune(cfg, log=lambda m: None)
+        runs = report["side_by_side"]
+        assert set(runs) == {"0.0", "1.0"} or set(runs) == {0.0, 1.0} or len(runs) == 2
+        means = {n: sum(r[n]["tokens_per_s"] for r in runs.values()) / len(runs) for n in next(iter(runs.values()))}
+        assert report["chosen"] == max(means, key=means.get)  # the fastest measured tree wins
+        assert len(report["acceptance"]) == 3 and all(0 <= a <= 1 for row in report["acceptance"] for a in row)
+        assert json.loads((hdir / "config.json").read_text())["metadata"]["decode"]["tree"] == report["tree"]
+        spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
+        assert shape_spec(spec.tree) == shape_spec(spec._default_tree(report["tree"], spec.new_proposer()))
+
+
+def test_tune_cli_bad_heads_path_is_one_line_error(capsys, llama_dir):
+    assert main(["tune", "--target", str(llama_dir), "--heads", "/nonexistent/heads"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("headway tune: error:") and "not found" in err[-1]
