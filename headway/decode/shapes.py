@@ -19,7 +19,12 @@ from typing import Protocol, Sequence
 
 import torch
 
+from ..errors import HeadwayError
 from .tree import TreeBuffers
+
+
+class TreeSpecError(HeadwayError, ValueError):
+    """A tree given on the command line or in a config cannot be parsed."""
 
 # Medusa's published 63-path tree for Vicuna-7B ("mc_sim_7b_63"): each path lists the top-k rank
 # chosen at each depth. With the root it has 64 nodes.
@@ -265,14 +270,19 @@ def parse_shape(spec: str) -> TreeShape:
     import json
 
     spec = spec.strip()
-    if spec.startswith("chain"):
-        return chain(int(spec.partition("-")[2] or 4))
-    if spec == "mc_sim_7b_63":
-        return mc_sim_7b_63()
-    if spec.startswith("static:"):
-        return StaticShape([tuple(p) for p in json.loads(spec[7:])])
-    if spec.startswith("dynamic"):
-        parts = [int(x) for x in spec.split("-")[1:]]
-        return DynamicShape(*parts) if parts else DynamicShape()
-    raise ValueError(f"unknown tree '{spec}'; use chain-N, mc_sim_7b_63, static:[[0],[0,0],...] "
+    try:
+        if spec.startswith("chain"):
+            return chain(int(spec.partition("-")[2] or 4))
+        if spec == "mc_sim_7b_63":
+            return mc_sim_7b_63()
+        if spec.startswith("static:"):
+            return StaticShape([tuple(p) for p in json.loads(spec[7:])])
+        if spec.startswith("dynamic"):
+            parts = [int(x) for x in spec.split("-")[1:]]
+            if len(parts) > 3 or any(p < 1 for p in parts):
+                raise ValueError("expected dynamic-TOPK-DEPTH-TOTAL with positive numbers")
+            return DynamicShape(*parts) if parts else DynamicShape()
+    except (ValueError, TypeError) as e:
+        raise TreeSpecError(f"cannot parse tree '{spec}': {e}") from None
+    raise TreeSpecError(f"unknown tree '{spec}'; use chain-N, mc_sim_7b_63, static:[[0],[0,0],...] "
                      "or dynamic[-TOPK-DEPTH-TOTAL]")
