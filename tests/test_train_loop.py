@@ -12,7 +12,7 @@ from headway.target import TargetError, load_target
 from headway.testing import save_tiny_target, tiny_config, tiny_target
 from headway.train.checkpoints import STATE, complete_checkpoints, resolve_resume
 from headway.train.config import TrainConfig
-from headway.train.loop import fit, train
+from headway.train.loop import TrainError, fit, train
 from headway.train.tasks import adapter_path
 
 from train_utils import distilled_rows, save_rows
@@ -48,18 +48,20 @@ def losses(out: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in recs if "loss" in r]
 
 
-def test_medusa_trains_heads_and_leaves_target_bit_identical(setup, tmp_path):
+@pytest.mark.parametrize("own_lm_head", [True, False])
+def test_medusa_trains_heads_and_leaves_target_bit_identical(setup, tmp_path, own_lm_head):
     target, tok = load_target(str(setup[1]), device="cpu")
     before = {k: v.clone() for k, v in target.state_dict().items()}
-    final = fit(config(setup, tmp_path, **{"medusa.kl_weight": 0.5}), target, tok)
+    final = fit(config(setup, tmp_path, **{"medusa.kl_weight": 0.5, "medusa.own_lm_head": own_lm_head}), target, tok)
     for k, v in target.state_dict().items():
         assert torch.equal(v, before[k]), f"target tensor {k} changed"
     assert all(not p.requires_grad for p in target.parameters())
 
     heads = load_heads(final, target=target)
-    fresh = MedusaHeads.for_target(target, num_heads=3)
+    fresh = MedusaHeads.for_target(target, num_heads=3, own_lm_head=own_lm_head)
     changed = [k for k, v in heads.state_dict().items() if not torch.equal(v, fresh.state_dict()[k])]
-    assert any(k.startswith("blocks.") for k in changed) and any(k.startswith("lm_heads.") for k in changed)
+    assert any(k.startswith("blocks.") for k in changed)
+    assert any(k.startswith("lm_heads.") for k in changed) == own_lm_head
 
     meta = json.loads((final / "config.json").read_text())["metadata"]
     assert meta["training"]["steps"] == 6 and meta["training"]["world_size"] == 1
@@ -89,6 +91,11 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(setup, tmp_path):
     (part / "checkpoints" / "checkpoint-5.tmp").mkdir()
     (part / "checkpoints" / "checkpoint-4").mkdir()
     assert resolve_resume("latest", part).name == "checkpoint-3"
+
+    with pytest.raises(TrainError, match="'medusa' was"):  # a different run in the same folder is refused
+        train(config(setup, part, resume_from="latest", **{**kw, "medusa.num_heads": 2}))
+    with pytest.raises(TrainError, match="global batch of 8 rows, this run has 4"):
+        train(config(setup, part, resume_from="latest", **{**kw, "grad_accum": 1}))
     train(config(setup, part, resume_from="latest", **kw))
 
     a, b = losses(full), losses(part)

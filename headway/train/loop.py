@@ -181,6 +181,26 @@ def trainable_only_hook(models: list[nn.Module], weights: list[dict[str, Tensor]
             del w[k]
 
 
+RUN_KEYS = ("kind", "target", "data", "seed", "max_steps", "epochs", "max_length", "optim", "medusa", "lora", "eagle")
+
+
+def run_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings a resumed run must share with the checkpoint (logging and saving may change)."""
+    d = to_dict(cfg)
+    return {k: d[k] for k in RUN_KEYS}
+
+
+def check_resumable(state: dict[str, Any], cfg: TrainConfig, global_batch: int, where: Path) -> None:
+    if state.get("global_batch", global_batch) != global_batch:
+        raise TrainError(f"cannot resume from {where}: it was trained with a global batch of {state['global_batch']} "
+                         f"rows, this run has {global_batch} (batch_size x processes x grad_accum)")
+    saved, now = state.get("run", {}), run_fingerprint(cfg)
+    for key in RUN_KEYS:
+        if key in saved and saved[key] != now[key]:
+            raise TrainError(f"cannot resume from {where}: '{key}' was {saved[key]!r}, now {now[key]!r}; "
+                             "use the same settings or a new output_dir")
+
+
 def total_steps(cfg: TrainConfig, n_rows: int, world: int) -> int:
     if cfg.max_steps is not None:
         return cfg.max_steps
@@ -363,8 +383,9 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
     step, tokens_seen, train_time = 0, 0, 0.0
     resume = resolve_resume(cfg.resume_from, out)
     if resume is not None:
-        accelerator.load_state(str(resume), **({"strict": False} if adapted else {}))
         state = read_state(resume)
+        check_resumable(state, cfg, global_batch, resume)
+        accelerator.load_state(str(resume), **({"strict": False} if adapted else {}))
         step, tokens_seen, train_time = state["step"], state["tokens"], state["train_time_s"]
     stop = min(steps, cfg.stop_after) if cfg.stop_after is not None else steps
     batches = accelerator.skip_first_batches(loader, step * cfg.grad_accum) if step else loader
@@ -384,7 +405,8 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
                    + (f", resuming at step {step}" if step else ""))
 
     def state() -> dict[str, Any]:
-        return {"tokens": tokens_seen, "train_time_s": train_time, "total_steps": steps, "world_size": world}
+        return {"tokens": tokens_seen, "train_time_s": train_time, "total_steps": steps, "world_size": world,
+                "global_batch": global_batch, "run": run_fingerprint(cfg)}
 
     params = [p for p in module.parameters() if p.requires_grad]
     it = iter(batches)
