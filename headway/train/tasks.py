@@ -33,10 +33,13 @@ schedule, checkpoints, trackers and evaluation. Each step it runs the target onc
                                                     #   the loop adds them over batches and processes
         def summarize(self, stats) -> dict[str, Any]           # summed stats -> floats for card / log
                                                     #   (must include "tau": simulated chain acceptance)
-        def save(self, heads, target, out_dir) -> None         # final artefacts (heads + adapter ...)
+        def save(self, heads, target, out_dir) -> None         # final artefacts: heads.save_pretrained(out_dir)
+                                                    #   (+ out_dir/adapter for Medusa-2); the loop has put
+                                                    #   metadata["training"] and metadata["eval"] on heads
 
-``loss`` and ``eval_stats`` run inside the module that accelerate prepares (DDP-wrapped),
-so every trainable parameter must take part in each step's graph (a zero weight is fine).
+``loss`` runs inside the module that accelerate prepares (DDP-wrapped), so every trainable
+parameter must take part in each step's graph (a zero weight is fine). ``eval_stats`` runs
+on the unwrapped module under no_grad, each process on its own share of the held-out rows.
 ``TASKS`` maps kind -> class; ``headway/train/eagle.py`` registers "eagle1" / "eagle3" by
 adding entries (``TASKS["eagle1"] = Eagle1Task``) and the loop imports it.
 """
@@ -53,8 +56,8 @@ from torch import Tensor, nn
 from ..heads import HeadsBase, MedusaHeads
 from .batch import TargetBatch
 from .config import TrainConfig
-from .losses import IGNORE_INDEX, kl_to_target, medusa_labels, medusa_loss, next_token_loss
-from .metrics import chain_acceptance, medusa_eval_stats, summarize_heads
+from .losses import kl_to_target, medusa_labels, medusa_loss, next_token_loss
+from .metrics import medusa_eval_stats, summarize_heads
 
 
 @dataclass
@@ -114,7 +117,7 @@ class MedusaTask:
         loss, per_head = medusa_loss(head_logits, labels, weights)
         metrics = {f"head{k}_ce": per_head[k].detach() for k in range(K)}
         if self.opts.kl_weight > 0:
-            kl, per_head_kl = kl_to_target(head_logits, tb.logits, labels, weights)
+            kl, _ = kl_to_target(head_logits, tb.logits, labels, weights)
             loss = loss + self.opts.kl_weight * kl
             metrics["kl"] = kl.detach()
         return loss, metrics
