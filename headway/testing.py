@@ -68,7 +68,9 @@ def sample_texts(max_chars: int = 400_000) -> list[str]:
 def tiny_tokenizer(vocab_size: int = 384) -> Any:
     from .tokenizer import train_bpe
 
-    return train_bpe(sample_texts(), vocab_size=vocab_size)
+    # transformers' Qwen2 tokenizer class adds <|endoftext|> when it is missing, which would give
+    # the reloaded tokenizer one token more than the model's embedding; ship it from the start.
+    return train_bpe(sample_texts(), vocab_size=vocab_size, extra_special=["<|endoftext|>"])
 
 
 def tiny_target(arch: str = "llama", seed: int = 0, vocab_size: int = 384, **overrides: Any) -> tuple[Any, Any]:
@@ -79,6 +81,8 @@ def tiny_target(arch: str = "llama", seed: int = 0, vocab_size: int = 384, **ove
     cfg = tiny_config(arch, len(tok), **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.generation_config.bos_token_id, model.generation_config.eos_token_id = 0, 1
+    model.generation_config.pad_token_id = 2
     # Random init with std 0.02 gives nearly flat logits; scale the output head up so greedy
     # choices are decided (no float near-ties) and drafts are sometimes right, sometimes not.
     with torch.no_grad():

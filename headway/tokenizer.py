@@ -7,10 +7,12 @@ from typing import Iterable
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> "object":
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
+              extra_special: Iterable[str] = ()) -> "object":
     """Train a byte-level BPE and wrap it as a transformers ``PreTrainedTokenizerFast``.
 
-    Ids 0..2 are BOS, EOS and PAD; the 256 byte symbols follow, so any text round-trips.
+    Ids 0..2 are BOS, EOS and PAD (then ``extra_special``); the 256 byte symbols follow, so any
+    text round-trips.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -19,7 +21,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=[BOS, EOS, PAD], show_progress=False,
+                                  special_tokens=[BOS, EOS, PAD, *extra_special], show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,

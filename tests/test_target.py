@@ -1,0 +1,50 @@
+import pytest
+import torch
+from transformers import T5Config, T5Model
+
+from headway.target import TargetError, TargetInfo, load_target
+from headway.testing import save_tiny_target, tiny_tokenizer
+
+
+def test_load_target_is_frozen_eval_and_on_device(llama_dir):
+    model, tok = load_target(str(llama_dir), dtype="float32", device="cpu")
+    assert not model.training and all(not p.requires_grad for p in model.parameters())
+    assert next(model.parameters()).dtype == torch.float32 and len(tok) == model.config.vocab_size
+
+
+def test_load_target_dtype(llama_dir):
+    model, _ = load_target(str(llama_dir), dtype="bf16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_every_fixture_architecture_loads(target_dirs):
+    for arch, path in target_dirs.items():
+        model, tok = load_target(str(path))
+        ids = tok("def f(x): return x", return_tensors="pt").input_ids
+        assert model(ids).logits.shape[-1] == len(tok), arch
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(TargetError, match="does not exist"):
+        load_target(str(tmp_path / "nope"))
+
+
+def test_not_a_causal_lm(tmp_path):
+    T5Model(T5Config(d_model=32, d_ff=64, num_layers=1, num_heads=2, d_kv=16, vocab_size=100)).save_pretrained(
+        tmp_path / "t5")  # an encoder-decoder: AutoModelForCausalLM has no class for it
+    with pytest.raises(TargetError, match="not a causal LM"):
+        load_target(str(tmp_path / "t5"))
+
+
+def test_tokenizer_vocab_mismatch(tmp_path):
+    path = save_tiny_target(tmp_path / "t", "llama", vocab_size=384)
+    tiny_tokenizer(512).save_pretrained(path)  # a tokenizer with more tokens than the embedding
+    with pytest.raises(TargetError, match="512 tokens.*384"):
+        load_target(str(path))
+
+
+def test_target_info_mismatch_names_both_values():
+    a = TargetInfo("a", None, 64, 384, 2, "LlamaForCausalLM")
+    b = TargetInfo("b", None, 64, 500, 2, "LlamaForCausalLM")
+    with pytest.raises(TargetError, match="vocab_size=384.*vocab_size=500"):
+        a.check_matches(b)
