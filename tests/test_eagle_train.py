@@ -75,6 +75,7 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
         assert heads.config.draft_vocab_size == 128 and int(heads.t2d.sum()) == 128
         assert torch.equal(heads.d2t, init.d2t)  # the draft vocabulary is data, not trained
         assert meta["draft_vocab"]["size"] == 128 and 0 < meta["draft_vocab"]["answer_token_coverage"] <= 1
+        assert 0 < ev["draft_vocab_coverage"] <= 1
         log = (tmp_path / "run" / "log.jsonl").read_text()
         assert all(f'"ce{j}"' in log and f'"acc{j}"' in log for j in range(3))
 

@@ -204,6 +204,7 @@ def test_acceptance_summary():
     s = summarize_acceptance(acceptance_stats(accepted, start, 3))
     assert s["positions"] == 4 and s["tau"] == pytest.approx(1 + 6 / 4)
     assert s["accept_rate_by_depth"] == pytest.approx([0.75, 0.5, 0.25])
+    assert s["tau_by_depth"] == pytest.approx([1.75, 2.25, 2.5])  # accepted (0, 1, 3, 2) cut at 1, 2, 3
 
 
 def test_draft_vocab_round_trip(llama, tmp_path):

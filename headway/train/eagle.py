@@ -79,6 +79,7 @@ def summarize(stats: dict[str, Tensor]) -> dict[str, Any]:
         if k in out:
             out[k] = round(out[k], 4)
     out["accept_rate_by_depth"] = [round(x, 4) for x in out["accept_rate_by_depth"]]
+    out["tau_by_depth"] = [round(x, 4) for x in out.get("tau_by_depth", [])]
     out["accept_hist"] = [int(x) for x in stats["accept_hist"]]
     out["top1"] = [round(float(x) / n, 4) for x in stats["top1_hits"]]
     out["tau_greedy"] = round(greedy["tau"], 4)
@@ -157,6 +158,19 @@ class Eagle3Task(_EagleTask):
             info["answer_token_coverage"] = round(float(counts[ids].sum()) / max(1, int(counts.sum())), 4)
         heads.metadata["draft_vocab"] = info
         return heads
+
+    def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
+        stats = super().eval_stats(heads, tb)
+        answer = tb.loss_mask.bool()  # (B, T)
+        stats["vocab_in"] = (heads.t2d[tb.input_ids] & answer).sum().float().reshape(1)
+        stats["vocab_tokens"] = answer.sum().float().reshape(1)
+        return stats
+
+    def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
+        """Adds the share of held-out answer tokens the draft vocabulary can express (a ceiling on top-1)."""
+        out = summarize({k: v for k, v in stats.items() if not k.startswith("vocab_")})
+        out["draft_vocab_coverage"] = round(float(stats["vocab_in"].sum() / stats["vocab_tokens"].sum().clamp(min=1)), 4)
+        return out
 
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         return eagle3_ttt_loss(heads, tb.input_ids, self.hidden(heads, tb), tb.logits, tb.loss_mask,

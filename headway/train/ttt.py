@@ -170,13 +170,16 @@ def acceptance_stats(accepted: Tensor, start: Tensor, depth: int) -> dict[str, T
 
 
 def summarize_acceptance(stats: dict[str, Tensor]) -> dict[str, float | list[float]]:
-    """accept_hist[k] = chains that accepted exactly k tokens -> tau, P(accepted >= k)."""
+    """accept_hist[k] = chains that accepted exactly k tokens -> tau, P(accepted >= k), and
+    ``tau_by_depth[d-1]``: tau of the same chains cut at depth d (to compare with shallower drafts)."""
     hist = stats["accept_hist"].double()
     n = float(hist.sum())
     if n == 0:
         return {"tau": float("nan"), "accept_rate_by_depth": [], "positions": 0}
     depth = hist.numel() - 1
     at_least = [float(hist[k:].sum() / n) for k in range(1, depth + 1)]
-    mean = float((hist * torch.arange(depth + 1, dtype=torch.float64)).sum() / n)
+    k = torch.arange(depth + 1, dtype=torch.float64)
+    mean = float((hist * k).sum() / n)
+    capped = [1.0 + float((hist * k.clamp(max=d)).sum() / n) for d in range(1, depth + 1)]
     return {"tau": 1.0 + mean, "mean_accepted": mean, "accept_rate_by_depth": at_least, "positions": int(n),
-            "depth": depth}
+            "depth": depth, "tau_by_depth": capped}
