@@ -101,14 +101,16 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
 
 
 def run_bench(cfg: DemoConfig, target: Path, heads: dict[str, Path], run: Path) -> dict[str, Any]:
-    from .decode.bench import BenchConfig, bench
+    from .decode.bench import BenchConfig, bench_cli
 
     bc = BenchConfig(target=str(target), heads=[str(heads[k]) for k in cfg.kinds if k in heads],
                      prompts="demo:heldout", num_prompts=cfg.pick(cfg.bench_prompts, 8, 4),
                      max_new_tokens=cfg.pick(cfg.bench_tokens, 128, 48), temperature=list(cfg.temperatures),
                      tree=[], repeats=1 if cfg.quick else 2, json=str(run / "bench.json"),
                      plot=str(run / "bench.png"), threads=cfg.threads)
-    return bench(bc)
+    if bench_cli(bc) != 0:  # prints the table; non-zero only if a headway method was not exact
+        raise HeadwayError("a headway method's greedy output differed from the target's: see the table above")
+    return json.loads((run / "bench.json").read_text())
 
 
 EXPLANATION = """\
