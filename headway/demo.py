@@ -79,8 +79,15 @@ def distill_data(cfg: DemoConfig, target: Path, run: Path) -> Path:
 
 
 def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) -> Path:
+    """One recipe per kind, run as its own process (``python -m headway.train``, what ``accelerate
+    launch`` runs too): accelerate's process state is a singleton that one process cannot re-set."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from .config import to_dict
     from .train.config import TrainConfig
-    from .train.loop import train
 
     out = run / kind
     final = out / "final"
@@ -90,14 +97,24 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
     recipe = CONFIGS / f"demo-{kind}.yaml"
     overrides: dict[str, Any] = {"target": str(target), "data": str(data), "output_dir": str(out),
                                  "resume_from": "latest"}
+    if not recipe.is_file():
+        overrides["kind"] = kind
     steps = cfg.pick(cfg.train_steps, None, 60)
     if steps is not None:
         overrides["max_steps"] = steps
     tc = load_config(TrainConfig, recipe if recipe.is_file() else None, overrides)
-    if not recipe.is_file():
-        tc.kind = kind
-    path = Path(train(tc))
-    return path if _done(path) else final
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = run / f"train-{kind}.yaml"
+    resolved.write_text(yaml.safe_dump(to_dict(tc), sort_keys=False))
+    env = None
+    if cfg.threads:
+        import os
+
+        env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads)}
+    rc = subprocess.run([sys.executable, "-m", "headway.train", "--config", str(resolved)], env=env).returncode
+    if rc != 0 or not _done(final):
+        raise HeadwayError(f"training {kind} failed (exit {rc}); rerun `headway demo` to resume from its checkpoint")
+    return final
 
 
 def run_bench(cfg: DemoConfig, target: Path, heads: dict[str, Path], run: Path) -> dict[str, Any]:
