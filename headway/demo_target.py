@@ -1,0 +1,649 @@
+"""The demo target: a small Llama trained on the running interpreter's standard-library source.
+
+No model can be downloaded on the machines headway is developed on, so the demo builds its own
+target (design.md §6): a byte-level BPE tokenizer and a deep, narrow Llama (one decoder layer
+costs < 1/8 of the whole model per token, as in real deployments), trained for a fixed number
+of steps with a fixed seed. The result is an ordinary HF folder cached under
+``<cache_dir>/targets/<preset>-<hash>``, so the second build is instant.
+
+Files are split into train / held-out by a hash of their path; distillation prompts come from
+the train files and evaluation prompts from the held-out files (``demo_prompts``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ConfigError, check_choice, opt
+from .errors import HeadwayError
+
+# Bump when the recipe changes in a way that changes the weights: old cache entries then miss.
+RECIPE_VERSION = 1
+METADATA_FILE = "headway_target.json"
+SPLITS = ("train", "heldout")
+HELDOUT_FRACTION = 0.05
+
+# Tests, vendored packages, generated tables and docs are not the code we want the target to model;
+# `encodings/` codec tables are near-trivial tokens that make the model look better than it is.
+_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "encodings",
+                            "__pycache__", "lib2to3", "pydoc_data"})
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # 6.3M params, 8 layers x 192: ~3,100 tokens/s training on 2 cores in bf16 -> ~7 minutes.
+    "demo": dict(vocab_size=8192, hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
+                 intermediate_size=512, max_position_embeddings=512, seq_len=256, batch_size=16,
+                 lr=2e-3, warmup=30, steps=300, max_minutes=20.0, bf16=True, max_corpus_mb=0.0,
+                 eval_windows=64, repetition_prompts=8),
+    # Same model, ~25 minutes of training: a less noisy target for benchmarks.
+    "bench": dict(vocab_size=8192, hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
+                  intermediate_size=512, max_position_embeddings=512, seq_len=256, batch_size=16,
+                  lr=2e-3, warmup=50, steps=1100, max_minutes=60.0, bf16=True, max_corpus_mb=0.0,
+                  eval_windows=64, repetition_prompts=8),
+    # For tests: builds in ~20 s on 2 idle cores (a few seconds with steps=30).
+    # fp32 is faster than bf16 autocast at this size on CPU.
+    "tiny": dict(vocab_size=1024, hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                 intermediate_size=192, max_position_embeddings=512, seq_len=128, batch_size=16,
+                 lr=3e-3, warmup=20, steps=200, max_minutes=10.0, bf16=False, max_corpus_mb=1.5,
+                 eval_windows=32, repetition_prompts=4),
+}
+
+# The caps are ~2.5x the expected training time: generous enough that a busy machine still
+# finishes the deterministic step budget, tight enough to stop a runaway build.
+
+# Fields that do not change the weights: they stay out of the cache key.
+_NOT_IN_KEY = ("cache_dir", "force", "out", "max_minutes")
+
+
+def _preset_opt(name: str, help: str) -> Any:
+    """An unset-by-default field whose help lists each preset's value."""
+    values = ", ".join(f"{p} {PRESETS[p][name]:g}" if isinstance(PRESETS[p][name], float) else
+                       f"{p} {PRESETS[p][name]}" for p in PRESETS)
+    return opt(None, f"{help} (preset: {values})")
+
+
+@dataclass
+class TargetBuildConfig:
+    """How to build the demo target. Unset (None) fields take the preset's value."""
+
+    preset: str = opt("demo", "named defaults: demo (~8 min), tiny (~20 s, for tests), bench (~25 min)",
+                      choices=tuple(PRESETS))
+    vocab_size: int | None = _preset_opt("vocab_size", "BPE vocabulary size (ids 0/1/2 are bos/eos/pad)")
+    hidden_size: int | None = _preset_opt("hidden_size", "model width")
+    num_layers: int | None = _preset_opt("num_layers", "decoder layers; deep and narrow so one layer is cheap")
+    num_heads: int | None = _preset_opt("num_heads", "attention (query) heads")
+    num_kv_heads: int | None = _preset_opt("num_kv_heads", "key/value heads (grouped-query attention)")
+    intermediate_size: int | None = _preset_opt("intermediate_size", "MLP width")
+    max_position_embeddings: int | None = _preset_opt("max_position_embeddings",
+                                                      "longest sequence the model config allows")
+    seq_len: int | None = _preset_opt("seq_len", "training window length in tokens")
+    batch_size: int | None = _preset_opt("batch_size", "windows per optimiser step")
+    lr: float | None = _preset_opt("lr", "peak AdamW learning rate")
+    warmup: int | None = _preset_opt("warmup", "linear warm-up steps before the cosine decay")
+    steps: int | None = _preset_opt("steps", "training budget in optimiser steps (deterministic for a seed)")
+    max_minutes: float | None = _preset_opt("max_minutes",
+                                            "safety cap on training time; if it fires the metadata says so")
+    seed: int = opt(0, "seed for initialisation and batch sampling")
+    bf16: bool | None = _preset_opt("bf16", "bf16 autocast while training (saved weights are float32)")
+    max_corpus_mb: float | None = _preset_opt("max_corpus_mb", "use at most this many MB of train text (0 = all)")
+    eval_windows: int | None = _preset_opt("eval_windows",
+                                           "held-out windows of seq_len used for the held-out loss")
+    repetition_prompts: int | None = _preset_opt("repetition_prompts",
+                                                 "held-out prompts whose completions measure greedy repetition")
+    cache_dir: str | None = opt(None, "cache root; default $HEADWAY_CACHE or ~/.cache/headway")
+    force: bool = opt(False, "rebuild even if a cached build exists")
+    out: str | None = opt(None, "also copy the built folder here")
+
+    def __post_init__(self) -> None:
+        check_choice(self.preset, tuple(PRESETS), "preset")
+
+
+def resolve_config(cfg: TargetBuildConfig) -> TargetBuildConfig:
+    """Fill unset fields from the preset (explicit values win) and check the result."""
+    preset = PRESETS[cfg.preset]
+    filled = {k: (v if getattr(cfg, k) is None else getattr(cfg, k)) for k, v in preset.items()}
+    if cfg.cache_dir is None:
+        filled["cache_dir"] = str(default_cache_dir())
+    out = dataclasses.replace(cfg, **filled)
+    _validate(out)
+    return out
+
+
+def _validate(cfg: TargetBuildConfig) -> None:
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size",
+                 "max_position_embeddings", "seq_len", "batch_size", "steps", "eval_windows", "repetition_prompts"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"'{name}' must be positive, got {getattr(cfg, name)}")
+    if cfg.vocab_size < 259:
+        raise ConfigError(f"'vocab_size' must be at least 259 (3 special + 256 byte tokens), got {cfg.vocab_size}")
+    if cfg.hidden_size % cfg.num_heads:
+        raise ConfigError(f"'hidden_size' ({cfg.hidden_size}) must be divisible by 'num_heads' ({cfg.num_heads})")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise ConfigError(f"'num_heads' ({cfg.num_heads}) must be divisible by 'num_kv_heads' ({cfg.num_kv_heads})")
+    if cfg.seq_len > cfg.max_position_embeddings:
+        raise ConfigError(f"'seq_len' ({cfg.seq_len}) exceeds 'max_position_embeddings' "
+                          f"({cfg.max_position_embeddings})")
+    if cfg.lr <= 0 or cfg.warmup < 0 or cfg.max_minutes <= 0 or cfg.max_corpus_mb < 0:
+        raise ConfigError("'lr' and 'max_minutes' must be positive; 'warmup' and 'max_corpus_mb' non-negative")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("HEADWAY_CACHE") or Path.home() / ".cache" / "headway").expanduser()
+
+
+# ---------------------------------------------------------------------------------------------
+# Corpus
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def split_of(rel_path: str) -> str:
+    """'heldout' for ~5% of files, chosen by a hash of the relative path (stable across machines)."""
+    h = int(hashlib.sha1(rel_path.encode()).hexdigest()[:8], 16)
+    return "heldout" if h < HELDOUT_FRACTION * 2**32 else "train"
+
+
+@functools.lru_cache(maxsize=4)
+def _corpus(root: Path) -> tuple[tuple[Path, str], ...]:
+    files = []
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root)
+        if _EXCLUDED_DIRS.isdisjoint(rel.parts[:-1]) and p.is_file():
+            files.append((p, split_of(rel.as_posix())))
+    return tuple(files)
+
+
+def corpus_files(split: str) -> list[Path]:
+    """The stdlib ``*.py`` files of one split ('train' or 'heldout'), sorted by path."""
+    check_choice(split, SPLITS, "split")
+    return [p for p, s in _corpus(stdlib_root()) if s == split]
+
+
+@functools.lru_cache(maxsize=2048)
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def corpus_identity() -> dict[str, Any]:
+    """What the corpus depends on: the interpreter version and the file list (cheap to compute)."""
+    files = [p for p, _ in _corpus(stdlib_root())]
+    return {"python": ".".join(map(str, sys.version_info[:3])), "implementation": sys.implementation.name,
+            "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+
+
+def _train_texts(max_mb: float) -> list[str]:
+    """Train files, or a deterministic subset of about ``max_mb`` MB of them (0 = all)."""
+    files = corpus_files("train")
+    if max_mb > 0:
+        # Order by path hash so the subset mixes packages instead of taking the first alphabetically.
+        files = sorted(files, key=lambda p: hashlib.sha1(p.relative_to(stdlib_root()).as_posix().encode()).digest())
+    texts, total = [], 0
+    for p in files:
+        if max_mb > 0 and total >= max_mb * 1e6:
+            break
+        texts.append(_read(p))
+        total += len(texts[-1])
+    return texts
+
+
+def _prompt_spans(split: str, n: int, prompt_tokens: int, tokenizer: Any, seed: int) -> list[tuple[str, int, int]]:
+    """(file text, start, end) of ``n`` code snippets of at most ``prompt_tokens`` tokens.
+
+    Each starts at a random unindented line of a random file (never mid-block), ends at a line
+    boundary, and has trailing whitespace removed (the BPE merges newline + indent into one token, so a prompt
+    ending in '\\n    ' would end in a token the model rarely sees mid-line).
+    """
+    if n <= 0 or prompt_tokens <= 0:
+        raise HeadwayError(f"demo_prompts needs n > 0 and prompt_tokens > 0 (got n={n}, prompt_tokens={prompt_tokens})")
+    rng = random.Random(seed)
+    files = corpus_files(split)
+    spans: list[tuple[str, int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for _ in range(50 * n):
+        if len(spans) == n:
+            break
+        fi = rng.randrange(len(files))
+        text = _read(files[fi])
+        span = _snippet(text, rng, prompt_tokens, tokenizer)
+        if span is not None and (fi, span[0]) not in seen:
+            seen.add((fi, span[0]))
+            spans.append((text, *span))
+    if len(spans) < n:
+        raise HeadwayError(f"could only cut {len(spans)} of {n} prompts of {prompt_tokens} tokens from the "
+                           f"{split} files")
+    return spans
+
+
+def _snippet(text: str, rng: random.Random, prompt_tokens: int, tokenizer: Any) -> tuple[int, int] | None:
+    """(start, end) of a snippet from an unindented line to a line end, or None if none fits."""
+    starts = [0] + [m.end() for m in re.finditer(r"\n(?=\S)", text)]
+    start = rng.choice(starts)
+    stop = start + 8 * prompt_tokens  # tokens average ~4 characters: ample room for the cut
+    end = len(text) if stop >= len(text) else text.rfind("\n", start, stop)
+    while end > start:
+        body = text[start:end].rstrip()
+        n_tok = len(tokenizer.encode(body, add_special_tokens=False))
+        if n_tok <= prompt_tokens:
+            return (start, start + len(body)) if n_tok >= max(1, prompt_tokens // 2) else None
+        end = text.rfind("\n", start, start + len(body))  # drop the last line and try again
+    return None
+
+
+def demo_prompts(split: str, n: int, prompt_tokens: int, tokenizer: Any, seed: int = 0) -> list[str]:
+    """``n`` code prefixes of at most ``prompt_tokens`` tokens (and at least half that) from the
+    train or held-out files, cut at line boundaries with trailing whitespace stripped.
+
+    Deterministic for a seed; distillation uses 'train', evaluation uses 'heldout'.
+    """
+    return [text[a:b] for text, a, b in _prompt_spans(split, n, prompt_tokens, tokenizer, seed)]
+
+
+def corpus_tokens(target: str | Path, split: str) -> torch.Tensor:
+    """The tokenised train or held-out stream saved with a built target (files joined by EOS)."""
+    check_choice(split, SPLITS, "split")
+    return torch.from_numpy(np.load(Path(target) / "corpus" / f"{split}.npy").astype(np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+
+
+def repetition_rate(completions: Sequence[Sequence[int]], n: int = 4) -> float:
+    """Fraction of n-grams that repeat an earlier n-gram of the same completion, pooled.
+
+    Greedy decoding of a weak model collapses into loops, which makes draft acceptance look
+    meaninglessly high; report this beside acceptance. Real code scores ~7%.
+    """
+    repeats = total = 0
+    for ids in completions:
+        seen: set[tuple[int, ...]] = set()
+        for i in range(len(ids) - n + 1):
+            gram = tuple(ids[i:i + n])
+            repeats += gram in seen
+            seen.add(gram)
+            total += 1
+    return repeats / total if total else 0.0
+
+
+def flop_layer_ratio(config: Any, context: int) -> float:
+    """Per-token multiply-adds of one decoder layer / the whole model, at ``context`` cached tokens."""
+    h, hd = config.hidden_size, config.hidden_size // config.num_attention_heads
+    nq, nkv = config.num_attention_heads, config.num_key_value_heads
+    proj = h * nq * hd * 2 + h * nkv * hd * 2  # q, o + k, v
+    mlp = 3 * h * config.intermediate_size  # gate, up, down
+    attn = 2 * context * nq * hd  # q.k^T and attn.v over the cache
+    layer = proj + mlp + attn
+    return layer / (config.num_hidden_layers * layer + h * config.vocab_size)
+
+
+@torch.no_grad()
+def timed_layer_ratio(model: nn.Module, context: int, steps: int = 24) -> float:
+    """Median over 1-token decode steps (fp32, ``context`` cached tokens) of the mean time of one
+    decoder layer divided by the whole forward, measured with hooks inside the real forward."""
+    layers = model.model.layers
+    spent: list[float] = []
+    starts: dict[int, float] = {}
+    hooks = []
+    for i, layer in enumerate(layers):
+        hooks.append(layer.register_forward_pre_hook(lambda m, a, i=i: starts.__setitem__(i, time.perf_counter())))
+        hooks.append(layer.register_forward_hook(lambda m, a, o, i=i: spent.append(time.perf_counter() - starts[i])))
+    try:
+        ids = torch.randint(3, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+        out = model(input_ids=ids, use_cache=True)
+        ratios = []
+        for step in range(steps):
+            spent.clear()
+            t0 = time.perf_counter()
+            out = model(input_ids=ids[:, step:step + 1], cache=out.cache, use_cache=True)
+            total = time.perf_counter() - t0
+            if step >= 4:  # first steps warm up allocators
+                ratios.append(sum(spent) / len(spent) / total)
+    finally:
+        for h in hooks:
+            h.remove()
+    return float(np.median(ratios))
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt_ids: list[int], new_tokens: int, temperature: float = 0.0,
+             generator: torch.Generator | None = None) -> list[int]:
+    """Plain autoregressive decoding with the KV cache; no EOS stop, so lengths are comparable."""
+    ids = torch.tensor([prompt_ids])
+    out = model(input_ids=ids, use_cache=True)
+    result: list[int] = []
+    for _ in range(new_tokens):
+        logits = out.logits[0, -1].float()  # (V,)
+        if temperature > 0:
+            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)
+        else:
+            nxt = logits.argmax(-1, keepdim=True)
+        result.append(int(nxt))
+        out = model(input_ids=nxt[None], cache=out.cache, use_cache=True)
+    return result
+
+
+@torch.no_grad()
+def heldout_loss(model: nn.Module, stream: torch.Tensor, seq_len: int, n_windows: int, batch: int = 16) -> float:
+    """Mean next-token loss (fp32) on ``n_windows`` windows spread evenly over the held-out stream."""
+    n_windows = max(1, min(n_windows, (len(stream) - 1) // seq_len))
+    starts = torch.linspace(0, len(stream) - seq_len - 1, n_windows).long()
+    total, count = 0.0, 0
+    for i in range(0, n_windows, batch):
+        x = stream[starts[i:i + batch, None] + torch.arange(seq_len + 1)]  # (B, T+1)
+        logits = model(input_ids=x[:, :-1]).logits.float()
+        total += F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten(), reduction="sum").item()
+        count += x[:, 1:].numel()
+    return total / count
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+
+def cache_key(cfg: TargetBuildConfig) -> str:
+    cfg = resolve_config(cfg)
+    recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_KEY}
+    blob = json.dumps({"recipe": recipe, "corpus": corpus_identity(), "version": RECIPE_VERSION}, sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def target_dir(cfg: TargetBuildConfig) -> Path:
+    """Where the build for this config lives (whether or not it exists yet)."""
+    cfg = resolve_config(cfg)
+    return Path(cfg.cache_dir).expanduser() / "targets" / f"{cfg.preset}-{cache_key(cfg)}"
+
+
+def read_metadata(folder: str | Path) -> dict[str, Any]:
+    return json.loads((Path(folder) / METADATA_FILE).read_text())
+
+
+def _is_usable(folder: Path, cfg: TargetBuildConfig) -> bool:
+    """A finished build, unless its time cap fired and this call allows more time."""
+    if not (folder / METADATA_FILE).is_file():
+        return False
+    meta = read_metadata(folder)
+    return not (meta["stopped_by_time_cap"] and cfg.max_minutes > meta["max_minutes"])
+
+
+def _llama(cfg: TargetBuildConfig) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+                         intermediate_size=cfg.intermediate_size,
+                         max_position_embeddings=cfg.max_position_embeddings,
+                         # untied, as in the large Llamas: heads that reuse lm_head see a separate matrix
+                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(cfg.seed)
+    return LlamaForCausalLM(config)
+
+
+def _tokenize(tokenizer: Any, texts: list[str]) -> torch.Tensor:
+    """One stream: every file's tokens followed by EOS."""
+    eos = tokenizer.eos_token_id
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return torch.tensor([t for doc in ids for t in (*doc, eos)], dtype=torch.int64)
+
+
+def _save_stream(stream: torch.Tensor, path: Path, vocab_size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, stream.numpy().astype(np.uint16 if vocab_size <= 2**16 else np.int32))
+
+
+def _lr_lambda(warmup: int, steps: int) -> Any:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))  # cosine to 10% of peak
+    return f
+
+
+def _optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # no weight decay on norms
+    other = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95))
+
+
+@dataclass
+class TrainResult:
+    steps_done: int
+    tokens_seen: int
+    seconds: float
+    final_loss: float
+    stopped_by_time_cap: bool
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    # ETA from the mean step time so far: rich's own estimate swings wildly at ~1 update/s.
+    with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
+                  TextColumn("ETA {task.fields[eta]}")) as bar:
+        yield bar
+
+
+def _train(model: nn.Module, stream: torch.Tensor, cfg: TargetBuildConfig, progress: bool) -> TrainResult:
+    """AdamW, warm-up + cosine, random windows of the train stream; deterministic for a seed."""
+    model.train()
+    opt_ = _optimizer(model, cfg.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt_, _lr_lambda(cfg.warmup, cfg.steps))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    offsets = torch.arange(cfg.seq_len + 1)
+    t0, ema, step, capped = time.perf_counter(), float("nan"), 0, False
+    with _progress(progress, cfg.steps) as bar:
+        task = bar.add_task("train", total=cfg.steps, loss=float("nan"), tps=0.0, eta="?") if bar else None
+        for step in range(1, cfg.steps + 1):
+            starts = torch.randint(0, len(stream) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
+            x = stream[starts[:, None] + offsets]  # (B, T+1)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = model(input_ids=x[:, :-1]).logits  # (B, T, V)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt_.step()
+            opt_.zero_grad(set_to_none=True)
+            sched.step()
+            ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
+            elapsed = time.perf_counter() - t0
+            if bar:
+                eta = elapsed / step * (cfg.steps - step)
+                bar.update(task, completed=step, loss=ema, tps=step * x[:, 1:].numel() / elapsed,
+                           eta=f"{int(eta // 60)}:{int(eta % 60):02d}")
+            if elapsed > cfg.max_minutes * 60 and step < cfg.steps:
+                capped = True
+                break
+    model.eval()
+    return TrainResult(step, step * cfg.batch_size * cfg.seq_len, time.perf_counter() - t0, ema, capped)
+
+
+def _completion_stats(model: nn.Module, tokenizer: Any, cfg: TargetBuildConfig) -> dict[str, Any]:
+    """Greedy / sampled repetition on held-out prompts, against the real continuation's rate."""
+    n_prompts, p_tok, n_new = cfg.repetition_prompts, cfg.seq_len // 4, cfg.seq_len // 2  # inside the trained length
+    spans = _prompt_spans("heldout", n_prompts, p_tok, tokenizer, cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    greedy, sampled, real = [], [], []
+    for text, a, b in spans:
+        ids = tokenizer.encode(text[a:b], add_special_tokens=False)
+        greedy.append(generate(model, ids, n_new))
+        sampled.append(generate(model, ids, n_new, temperature=0.8, generator=gen))
+        real.append(tokenizer.encode(text[b:b + 16 * n_new], add_special_tokens=False)[:n_new])
+    text, a, b = spans[0]
+    return {"greedy_repetition_rate": repetition_rate(greedy), "sampled_repetition_rate": repetition_rate(sampled),
+            "sample_temperature": 0.8, "reference_repetition_rate": repetition_rate(real),
+            "repetition_prompts": n_prompts, "repetition_prompt_tokens": p_tok, "repetition_new_tokens": n_new,
+            "sample": {"prompt": text[a:b], "greedy_completion": tokenizer.decode(greedy[0])}}
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        from rich.console import Console
+
+        Console(log_path=False).log(msg)
+
+
+def _build_into(folder: Path, cfg: TargetBuildConfig, progress: bool) -> None:
+    """Tokenizer, streams, training, evaluation, save: everything lands in ``folder``."""
+    from .tokenizer import train_bpe
+
+    t_start = time.perf_counter()
+    texts = _train_texts(cfg.max_corpus_mb)
+    _log(progress, f"training a {cfg.vocab_size}-token BPE on {len(texts)} stdlib files")
+    tokenizer = train_bpe(texts, cfg.vocab_size)
+    train_stream = _tokenize(tokenizer, texts)
+    held_stream = _tokenize(tokenizer, [_read(p) for p in corpus_files("heldout")])
+    _save_stream(train_stream, folder / "corpus" / "train.npy", cfg.vocab_size)
+    _save_stream(held_stream, folder / "corpus" / "heldout.npy", cfg.vocab_size)
+    model = _llama(cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    _log(progress, f"training {n_params / 1e6:.2f}M parameters for {cfg.steps} steps on "
+                   f"{len(train_stream):,} tokens")
+    result = _train(model, train_stream, cfg, progress)
+    _log(progress, "evaluating on held-out code")
+    loss = heldout_loss(model, held_stream, cfg.seq_len, cfg.eval_windows)
+    meta = {
+        "headway_target_version": RECIPE_VERSION,
+        "config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("cache_dir", "force", "out")},
+        "max_minutes": cfg.max_minutes,
+        "corpus": {**corpus_identity(), "stdlib": str(stdlib_root()), "train_files": len(texts),
+                   "heldout_files": len(corpus_files("heldout")), "train_tokens": len(train_stream),
+                   "heldout_tokens": len(held_stream)},
+        "steps_done": result.steps_done, "tokens_seen": result.tokens_seen,
+        "train_seconds": round(result.seconds, 2), "tokens_per_second": round(result.tokens_seen / result.seconds, 1),
+        "stopped_by_time_cap": result.stopped_by_time_cap, "final_train_loss": result.final_loss,
+        "heldout_loss": loss, "heldout_perplexity": math.exp(loss),
+        "heldout_eval_tokens": min(cfg.eval_windows, (len(held_stream) - 1) // cfg.seq_len) * cfg.seq_len,
+        "parameters": n_params,
+        "non_embedding_parameters": n_params - model.get_input_embeddings().weight.numel(),
+        **_completion_stats(model, tokenizer, cfg),
+        "layer_cost_ratio": {"context": cfg.seq_len, "flops": flop_layer_ratio(model.config, cfg.seq_len),
+                             "timed_fp32": timed_layer_ratio(model, cfg.seq_len)},
+    }
+    with _no_hf_progress_bars():
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    meta["build_seconds"] = round(time.perf_counter() - t_start, 2)
+    (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def _no_hf_progress_bars() -> Iterator[None]:
+    """save_pretrained draws a tqdm bar for a one-shard save; it would tear through our own output."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _publish(tmp: Path, final: Path, replace: bool) -> None:
+    """Atomically move a finished build into place. Without ``replace`` an existing folder (a
+    concurrent build of the same config that finished first) wins and ours is dropped."""
+    old = None
+    if final.exists():
+        if not replace:
+            return
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.rename(final, old)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def build_demo_target(cfg: TargetBuildConfig, progress: bool = True) -> Path:
+    """Build the demo target (or reuse the cached build) and return its HF folder."""
+    cfg = resolve_config(cfg)
+    final = target_dir(cfg)
+    if cfg.force or not _is_usable(final, cfg):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the published folder should read like any other
+        try:
+            _build_into(tmp, cfg, progress)
+            _publish(tmp, final, replace=cfg.force or not _is_usable(final, cfg))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if cfg.out:
+        shutil.copytree(final, Path(cfg.out).expanduser(), dirs_exist_ok=True)
+    return final
+
+
+def _summary_rows(meta: dict[str, Any], folder: Path, cfg: TargetBuildConfig, cached: bool) -> list[tuple[str, str]]:
+    from rich.markup import escape
+
+    rows = [("path", escape(str(folder)))]
+    if cfg.out:
+        rows.append(("copied to", escape(str(Path(cfg.out).expanduser()))))
+    cost = meta["layer_cost_ratio"]
+    rows += [
+        ("parameters", f"{meta['parameters']:,}"),
+        ("held-out loss", f"{meta['heldout_loss']:.3f} (perplexity {meta['heldout_perplexity']:.1f})"),
+        ("training", f"{meta['steps_done']} steps, {meta['tokens_seen']:,} tokens, "
+                     f"{meta['tokens_per_second']:,.0f} tokens/s"),
+        ("greedy 4-gram repetition", f"{meta['greedy_repetition_rate']:.1%} (sampled at T=0.8 "
+                                     f"{meta['sampled_repetition_rate']:.1%}, real code "
+                                     f"{meta['reference_repetition_rate']:.1%})"),
+        ("1 layer / whole model", f"{cost['flops']:.3f} by FLOPs, {cost['timed_fp32']:.3f} timed"),
+        ("build time", "from cache" if cached else f"{meta['build_seconds']:.0f} s"),
+    ]
+    if meta["stopped_by_time_cap"]:
+        rows.append(("note", f"[yellow]training hit max_minutes={meta['max_minutes']:g} after "
+                     f"{meta['steps_done']} of {meta['config']['steps']} steps (a busy machine?); rebuild with "
+                     "--force, or a larger --max_minutes[/]"))
+    return rows
+
+
+def build_cli(cfg: TargetBuildConfig) -> int:
+    """``headway target build``: build with a progress bar, then print a short summary."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    cfg = resolve_config(cfg)
+    cached = not cfg.force and _is_usable(target_dir(cfg), cfg)
+    folder = build_demo_target(cfg, progress=True)
+    meta = read_metadata(folder)
+    console = Console(soft_wrap=True)  # never break the path or the sample across lines
+    for key, value in _summary_rows(meta, folder, cfg, cached):
+        console.print(f"[bold]{key:<26}[/]{value}", highlight=False)
+    console.print("[bold]greedy sample[/] (prompt, then [reverse]completion[/])")
+    console.print(escape(meta["sample"]["prompt"]) + "[reverse]" + escape(meta["sample"]["greedy_completion"]) + "[/]",
+                  highlight=False)
+    return 0
