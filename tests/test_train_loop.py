@@ -163,3 +163,8 @@ def test_medusa2_trains_an_adapter_the_decoder_can_load(setup, tmp_path):
     log = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     quality = [r["quality"] for r in log if "quality" in r]
     assert len(quality) == 6
+
+
+def test_runs_with_different_precision_share_a_process(setup, tmp_path):
+    for i, mp in enumerate(["bf16", "no"]):  # accelerate's state singleton would refuse the second
+        assert train(config(setup, tmp_path / mp, max_steps=1, eval_fraction=0.0, mixed_precision=mp)).is_dir()

@@ -160,12 +160,16 @@ def make_scheduler(optimizer: torch.optim.Optimizer, total: int, o: OptimConfig)
 # -- accelerate plumbing ---------------------------------------------------------------------
 def make_accelerator(cfg: TrainConfig) -> Any:
     from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.state import AcceleratorState
     from accelerate.utils import ProjectConfiguration
 
     mp = cfg.mixed_precision
     if mp == "auto":
         mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
     log_with = None if cfg.report_to == "none" else [cfg.report_to]
+    # AcceleratorState is a per-process singleton that refuses a second mixed_precision; reset it
+    # (not the distributed PartialState) so several runs can share one process (tests, notebooks).
+    AcceleratorState._reset_state()
     return Accelerator(mixed_precision=mp, log_with=log_with, step_scheduler_with_optimizer=False,
                        project_config=ProjectConfiguration(project_dir=cfg.output_dir,
                                                            logging_dir=str(Path(cfg.output_dir) / "logs")),
