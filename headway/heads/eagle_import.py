@@ -75,13 +75,9 @@ def _load_st(f: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_bin(f: Path) -> dict[str, torch.Tensor]:
-    try:
-        sd = torch.load(str(f), map_location="cpu", weights_only=True)
-    except Exception as e:  # pickled code, not plain tensors
-        raise HeadsError(f"{f}: cannot read as plain tensors (weights_only=True): {str(e).splitlines()[0]}") from None
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise HeadsError(f"{f} is not a flat dict of tensors")
-    return sd
+    from .importers import read_tensors  # weights-only reader shared with the Medusa importer
+
+    return read_tensors(f)
 
 
 def detect_layout(tensors: dict[str, torch.Tensor]) -> str:
