@@ -38,6 +38,15 @@ def prompts(tok, n=20, seed=0):
     return out
 
 
+@torch.no_grad()
+def tie_free(model, ids, ref, eps=1e-4):
+    """True when every greedy choice along the reference wins by more than ``eps`` in logit: a tree
+    forward and a sequential forward differ by float rounding (~1e-7), which may flip a genuine tie."""
+    logits = model(torch.tensor([ids + ref])).logits[0, len(ids) - 1:-1]  # (len(ref), V)
+    top2 = logits.topk(2, dim=-1).values
+    return bool((top2[:, 0] - top2[:, 1] > eps).all())
+
+
 def reference(model, ids, max_new):
     x = torch.tensor([ids])
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
@@ -95,8 +104,13 @@ def models():
 def test_random_heads_match_greedy_generate(models, arch, kind):
     model, tok = models[arch]
     heads = make_heads(kind, model)
-    ps = prompts(tok)
-    refs = [reference(model, p, 12) for p in ps]
+    ps, refs = [], []
+    for p in prompts(tok, n=30):
+        ref = reference(model, p, 12)
+        if tie_free(model, p, ref) and len(ps) < 20:
+            ps.append(p)
+            refs.append(ref)
+    assert len(ps) == 20  # float near-ties are rare: at most 10 of 30 candidates dropped
     for shape in SHAPES:
         spec = Speculator(model, tok, heads, tree=shape)
         for p, ref in zip(ps, refs):
