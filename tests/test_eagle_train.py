@@ -74,6 +74,8 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
     if kind == "eagle3":
         assert heads.config.draft_vocab_size == 128 and int(heads.t2d.sum()) == 128
         assert torch.equal(heads.d2t, init.d2t)  # the draft vocabulary is data, not trained
+        rows = target.get_output_embeddings().weight[init.to_target_ids(torch.arange(128))]
+        assert torch.equal(init.lm_head.weight, rows)  # the draft lm_head starts as the target's rows
         assert meta["draft_vocab"]["size"] == 128 and 0 < meta["draft_vocab"]["answer_token_coverage"] <= 1
         assert 0 < ev["draft_vocab_coverage"] <= 1
         log = (tmp_path / "run" / "log.jsonl").read_text()

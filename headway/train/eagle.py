@@ -87,6 +87,18 @@ def summarize(stats: dict[str, Tensor]) -> dict[str, Any]:
     return out
 
 
+def init_lm_head(heads: Eagle3Drafter, target: nn.Module) -> None:
+    """Start the draft lm_head as the target's own output rows for the draft vocabulary.
+
+    A random head must learn the token geometry from the answers alone; on the demo data
+    (59k answer tokens) this init raised simulated tau from 1.42 to 1.45 after the same
+    145 steps (and 1.30 -> 1.35 after 58). Every row still trains."""
+    W = target.get_output_embeddings().weight  # (V, H)
+    ids = heads.to_target_ids(torch.arange(heads.config.draft_vocab_size, device=heads.d2t.device))
+    with torch.no_grad():
+        heads.lm_head.weight.copy_(W[ids.to(W.device)].to(heads.lm_head.weight))
+
+
 class _EagleTask:
     """What EAGLE-1 and EAGLE-3 share: frozen target, one param group, logits needed, chain eval."""
 
@@ -148,7 +160,7 @@ class Eagle3Task(_EagleTask):
         V = int(target.get_output_embeddings().weight.shape[0])
         n = self.opts.draft_vocab_size or V
         heads = Eagle3Drafter.for_target(target, draft_vocab_size=n, aux_layers=list(self.opts.aux_layers) or None)
-        info: dict[str, Any] = {"size": n, "target_vocab_size": V}
+        info: dict[str, Any] = {"size": n, "target_vocab_size": V, "lm_head_init": "target lm_head rows"}
         if n < V:
             from ..data.vocab import draft_vocab
 
@@ -156,6 +168,7 @@ class Eagle3Task(_EagleTask):
             ids, _, _ = draft_vocab(counts, n)
             heads.set_draft_vocab(ids.to(heads.d2t.device))
             info["answer_token_coverage"] = round(float(counts[ids].sum()) / max(1, int(counts.sum())), 4)
+        init_lm_head(heads, target)
         heads.metadata["draft_vocab"] = info
         return heads
 

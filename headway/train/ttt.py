@@ -76,12 +76,12 @@ def label_mask(loss_mask: Tensor, shift: int) -> Tensor:
     return shift_left(loss_mask.bool(), shift, False)
 
 
-def soft_ce(logits: Tensor, target_logp: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+def soft_ce(logits: Tensor, target_p: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
     """Mean over valid positions of -sum_v p(v) log q(v); also the valid count.
 
-    logits (B, T, V) draft; target_logp (B, T, V) target log-probs; valid (B, T) bool."""
+    logits (B, T, V) draft; target_p (B, T, V) target probabilities; valid (B, T) bool."""
     logq = F.log_softmax(logits.float(), dim=-1)
-    ce = -(target_logp.exp() * logq).sum(-1)  # (B, T)
+    ce = -(target_p * logq).sum(-1)  # (B, T)
     n = valid.sum()
     return (ce * valid).sum() / n.clamp(min=1), n
 
@@ -95,14 +95,14 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
     hold per-step ``ce{j}`` and ``acc{j}`` (draft argmax == target argmax) as 0-d tensors."""
     draft_ids = torch.arange(drafter.d2t.numel(), device=input_ids.device) + drafter.d2t  # (Vd,) target ids
     tl = target_logits.float()
-    target_logp = F.log_softmax(tl[..., draft_ids], dim=-1)  # (B, T, Vd), renormalised on the draft vocab
+    target_p = F.softmax(tl[..., draft_ids], dim=-1)  # (B, T, Vd), renormalised on the draft vocab
     target_top = tl.argmax(-1)  # (B, T) target ids
     in_vocab = drafter.t2d[target_top]  # (B, T)
     loss = fused.new_zeros((), dtype=torch.float32)
     metrics: dict[str, Tensor] = {}
     for j, (_, logits) in enumerate(unroll(drafter, input_ids, fused, steps)):
         valid = label_mask(loss_mask, j + 2) & shift_left(in_vocab, j + 1, False)  # (B, T)
-        ce, n = soft_ce(logits, shift_left(target_logp, j + 1), valid)
+        ce, n = soft_ce(logits, shift_left(target_p, j + 1), valid)
         loss = loss + decay ** j * ce
         hit = (drafter.to_target_ids(logits.argmax(-1)) == shift_left(target_top, j + 1)) & valid
         metrics[f"ce{j}"] = ce.detach()
@@ -130,7 +130,7 @@ def eagle1_loss(drafter: nn.Module, input_ids: Tensor, features: Tensor, target_
     feat_loss = (fl * valid).sum() / n
     tl = shift_left(target_logits, 1).float()
     logits = drafter.logits(pred)  # (B, T, V)
-    ce, _ = soft_ce(logits, F.log_softmax(tl, dim=-1), valid)
+    ce, _ = soft_ce(logits, F.softmax(tl, dim=-1), valid)
     acc = ((logits.detach().argmax(-1) == tl.argmax(-1)) & valid).sum().float() / n
     loss = feature_weight * feat_loss + ce_weight * ce
     return loss, {"feature": feat_loss.detach(), "ce0": ce.detach(), "acc0": acc}
