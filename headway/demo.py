@@ -27,7 +27,7 @@ class DemoConfig:
     quick: bool = opt(False, "the ~5-minute version: tiny target, fewer prompts and steps, shorter bench")
     target_preset: str | None = opt(None, "demo target preset (default: demo, or tiny with --quick)")
     kinds: list[str] = opt(default_factory=lambda: list(KINDS), help="head kinds to train and bench")
-    distill_prompts: int | None = opt(None, "training prompts the target answers (default 384; quick 96)")
+    distill_prompts: int | None = opt(None, "training prompts the target answers (default 512; quick 96)")
     distill_tokens: int | None = opt(None, "tokens per distilled answer (default 128; quick 64)")
     train_steps: int | None = opt(None, "optimiser steps per head kind (default: the recipe's; quick 60)")
     bench_prompts: int | None = opt(None, "held-out prompts in the bench (default 8; quick 4)")
@@ -73,7 +73,7 @@ def distill_data(cfg: DemoConfig, target: Path, run: Path) -> Path:
     base = load_config(DistillConfig, CONFIGS / "distill-demo.yaml") if (CONFIGS / "distill-demo.yaml").is_file() \
         else DistillConfig(source="demo:train")
     base.target, base.output = str(target), str(out)
-    base.limit = cfg.pick(cfg.distill_prompts, 384, 96)
+    base.limit = cfg.pick(cfg.distill_prompts, 512, 96)
     base.max_new_tokens = cfg.pick(cfg.distill_tokens, 128, 64)
     return distill(base)
 
@@ -123,7 +123,7 @@ def run_bench(cfg: DemoConfig, target: Path, heads: dict[str, Path], run: Path) 
     bc = BenchConfig(target=str(target), heads=[str(heads[k]) for k in cfg.kinds if k in heads],
                      prompts="demo:heldout", num_prompts=cfg.pick(cfg.bench_prompts, 8, 4),
                      max_new_tokens=cfg.pick(cfg.bench_tokens, 128, 48), temperature=list(cfg.temperatures),
-                     tree=[], repeats=1 if cfg.quick else 2, json=str(run / "bench.json"),
+                     tree=[], repeats=1, json=str(run / "bench.json"),  # benchmarks/ repeats 3 times
                      plot=str(run / "bench.png"), threads=cfg.threads)
     if bench_cli(bc) != 0:  # prints the table; non-zero only if a headway method was not exact
         raise HeadwayError("a headway method's greedy output differed from the target's: see the table above")

@@ -80,7 +80,8 @@ class EagleProposer:
         m = tokens.shape[1]
         dtype = d.fc.weight.dtype
         pos = torch.arange(start, start + m, device=tokens.device)[None]
-        out = d(tokens, d.fuse(features), pos, causal_mask(m, start, dtype, tokens.device), self.cache)
+        mask = causal_mask(m, start, dtype, tokens.device) if m > 1 else None  # one query sees all
+        out = d(tokens, d.fuse(features), pos, mask, self.cache)
         self.base = start + m
         self.root_out = out[0, -1:]  # (1, H): the root's output feeds the depth-1 nodes
         self.root_lp = F.log_softmax(d.logits(out[:, -1:])[0, 0].float(), dim=-1)
@@ -99,6 +100,7 @@ class EagleProposer:
         """Start a tree: depth-1 nodes read the root's output and see no tree slots yet."""
         self.prev_out = self.root_out
         self.prev_vis = torch.zeros(1, 0, dtype=torch.bool, device=self.root_out.device)  # (rows, tree slots)
+        self.prev_full = True  # every row of prev_vis is all True (a chain so far): no mask needed
         return self.root_lp
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
@@ -110,13 +112,19 @@ class EagleProposer:
         slots = self.prev_vis.shape[1]
         vis_tree = self.prev_vis[parent_rows]  # (n, slots) ancestors among earlier tree nodes
         vis = torch.cat([vis_tree, torch.eye(n, dtype=torch.bool, device=dev)], dim=1)  # (n, slots + n)
-        dtype = d.fc.weight.dtype
-        mask = torch.zeros(n, self.base + slots + n, dtype=dtype, device=dev)
-        mask[:, self.base:].masked_fill_(~vis, torch.finfo(dtype).min)
+        # A lone node below a chain sees the whole cache: skip building the mask (chains, static
+        # trees' narrow levels). Decided from shapes alone, so no device sync.
+        full = self.prev_full and n == 1
+        mask = None
+        if not full:
+            dtype = d.fc.weight.dtype
+            mask = torch.zeros(n, self.base + slots + n, dtype=dtype, device=dev)
+            mask[:, self.base:].masked_fill_(~vis, torch.finfo(dtype).min)
+            mask = mask[None, None]
         pos = torch.full((1, n), self.base + depth - 1, dtype=torch.long, device=dev)
         hidden = self.prev_out[parent_rows][None]  # (1, n, H)
-        out = d(tokens[None], hidden, pos, mask[None, None], self.cache)[0]  # (n, H)
-        self.prev_vis, self.prev_out = vis, out  # rows of the next call: ancestors now include these slots
+        out = d(tokens[None], hidden, pos, mask, self.cache)[0]  # (n, H)
+        self.prev_vis, self.prev_out, self.prev_full = vis, out, full  # rows of the next call: ancestors now include these slots
         return F.log_softmax(d.logits(out[None])[0].float(), dim=-1)
 
     def end_tree(self) -> None:

@@ -104,7 +104,7 @@ class Eagle1Drafter(_EagleBase):
         return target_features[0]
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                mask: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None, cache: DraftCache | None = None) -> torch.Tensor:
         """input_ids (B, T) = x_{t+1}; hidden (B, T, H) = f_t -> predicted f_{t+1} (B, T, H)."""
         x = self.fc(torch.cat([self.embed(input_ids), hidden.to(self.fc.weight.dtype)], dim=-1))
         cos, sin = self.rope(x, position_ids)
@@ -163,7 +163,7 @@ class Eagle3Drafter(_EagleBase):
         return self.fc(torch.cat(target_features, dim=-1).to(self.fc.weight.dtype))
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
-                mask: torch.Tensor, cache: DraftCache | None = None) -> torch.Tensor:
+                mask: torch.Tensor | None, cache: DraftCache | None = None) -> torch.Tensor:
         """input_ids (B, T) = x_{t+1}; hidden (B, T, H) fused or fed-back -> output (B, T, H), pre-norm."""
         hidden = hidden.to(self.fc.weight.dtype)
         cos, sin = self.rope(hidden, position_ids)

@@ -90,8 +90,9 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(input_size, g.num_key_value_heads * g.head_dim, bias=g.attention_bias)
         self.o_proj = nn.Linear(g.num_attention_heads * g.head_dim, g.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: DraftCache | None) -> torch.Tensor:
+        """``mask`` None: every query sees every key (one query at the end of the cache)."""
         B, T, _ = x.shape  # (B, T, input_size)
         g = self.g
         q = self.q_proj(x).view(B, T, g.num_attention_heads, g.head_dim).transpose(1, 2)  # (B, nh, T, hd)
@@ -100,7 +101,7 @@ class DraftAttention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, nkv, S, hd), S = cached + T
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype),
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
                                            enable_gqa=g.num_key_value_heads != g.num_attention_heads)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, H)
 
@@ -132,7 +133,7 @@ class DraftDecoderLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(H, eps=g.rms_norm_eps)
         self.mlp = DraftMLP(g)
 
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: DraftCache | None = None, embeds: torch.Tensor | None = None) -> torch.Tensor:
         if self.fused_input:
             x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)

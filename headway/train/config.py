@@ -79,6 +79,8 @@ class EagleOptions:
 
     ttt_steps: int = opt(7, "EAGLE-3 training-time-test unroll depth")
     step_decay: float = opt(0.8, "EAGLE-3: unrolled step j's loss weight is step_decay**j")
+    hard_weight: float = opt(0.0, "EAGLE-3: weight of an extra cross-entropy to the target's argmax (helps greedy "
+                                  "acceptance when the target's distribution is flat)")
     draft_vocab_size: int | None = opt(None, "EAGLE-3 reduced draft vocabulary (most frequent answer tokens); "
                                              "None = full target vocabulary")
     aux_layers: list[int] = opt(default_factory=list, help="EAGLE-3 fused target layers as HF hidden-state indices; "

@@ -187,7 +187,8 @@ class Eagle3Task(_EagleTask):
 
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         return eagle3_ttt_loss(heads, tb.input_ids, self.hidden(heads, tb), tb.logits, tb.loss_mask,
-                               steps=self.opts.ttt_steps, decay=self.opts.step_decay)
+                               steps=self.opts.ttt_steps, decay=self.opts.step_decay,
+                               hard_weight=self.opts.hard_weight)
 
 
 

@@ -87,8 +87,13 @@ def soft_ce(logits: Tensor, target_p: Tensor, valid: Tensor) -> tuple[Tensor, Te
 
 
 def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target_logits: Tensor,
-                    loss_mask: Tensor, steps: int = 7, decay: float = 0.8) -> tuple[Tensor, dict[str, Tensor]]:
-    """EAGLE-3 training-time-test loss: sum_j decay^j * CE_j over the draft vocabulary.
+                    loss_mask: Tensor, steps: int = 7, decay: float = 0.8,
+                    hard_weight: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """EAGLE-3 training-time-test loss: sum_j decay^j * (CE_j + hard_weight * CE_j^hard) over the
+    draft vocabulary, CE_j against the target's distribution and CE_j^hard against its argmax.
+
+    The hard term matters for high-entropy targets: a soft CE against a flat distribution pulls
+    little on the argmax, and greedy acceptance is decided by the argmax alone.
 
     input_ids (B, T); fused (B, T, H) = drafter.fuse(target features); target_logits (B, T, V)
     over the full target vocabulary; loss_mask (B, T). Returns (loss, metrics) where metrics
@@ -98,12 +103,20 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
     target_p = F.softmax(tl[..., draft_ids], dim=-1)  # (B, T, Vd), renormalised on the draft vocab
     target_top = tl.argmax(-1)  # (B, T) target ids
     in_vocab = drafter.t2d[target_top]  # (B, T)
+    to_draft = torch.zeros(drafter.t2d.numel(), dtype=torch.long, device=input_ids.device)
+    to_draft[draft_ids] = torch.arange(draft_ids.numel(), device=input_ids.device)
+    top_draft = to_draft[target_top]  # (B, T) draft ids (0 where outside the draft vocab: masked anyway)
     loss = fused.new_zeros((), dtype=torch.float32)
     metrics: dict[str, Tensor] = {}
     for j, (_, logits) in enumerate(unroll(drafter, input_ids, fused, steps)):
         valid = label_mask(loss_mask, j + 2) & shift_left(in_vocab, j + 1, False)  # (B, T)
         ce, n = soft_ce(logits, shift_left(target_p, j + 1), valid)
-        loss = loss + decay ** j * ce
+        step_loss = ce
+        if hard_weight:
+            hard = F.cross_entropy(logits.float().flatten(0, 1), shift_left(top_draft, j + 1).flatten(),
+                                   reduction="none").view_as(valid)
+            step_loss = ce + hard_weight * (hard * valid).sum() / n.clamp(min=1)
+        loss = loss + decay ** j * step_loss
         hit = (drafter.to_target_ids(logits.argmax(-1)) == shift_left(target_top, j + 1)) & valid
         metrics[f"ce{j}"] = ce.detach()
         metrics[f"acc{j}"] = hit.sum().float() / n.clamp(min=1)
