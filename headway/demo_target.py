@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ConfigError, check_choice, opt
+from .data.progress import quiet_transformers
 from .errors import HeadwayError
 
 # Bump when the recipe changes in a way that changes the weights: old cache entries then miss.
@@ -550,25 +551,13 @@ def _build_into(folder: Path, cfg: TargetBuildConfig, progress: bool) -> None:
         "layer_cost_ratio": {"context": cfg.seq_len, "flops": flop_layer_ratio(model.config, cfg.seq_len),
                              "timed_fp32": timed_layer_ratio(model, cfg.seq_len)},
     }
-    with _no_hf_progress_bars():
+    with quiet_transformers():
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     meta["build_seconds"] = round(time.perf_counter() - t_start, 2)
     (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-@contextlib.contextmanager
-def _no_hf_progress_bars() -> Iterator[None]:
-    """save_pretrained draws a tqdm bar for a one-shard save; it would tear through our own output."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _publish(tmp: Path, final: Path, replace: bool) -> None:

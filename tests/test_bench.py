@@ -72,6 +72,14 @@ def test_report_follows_the_schema(report):
         assert (m["tree"] is None) == (m["kind"] in BASELINES)
 
 
+def test_rows_name_the_tree_that_ran_at_each_temperature(report):
+    trees = {(m["kind"], m["temperature"]): (m["name"], m["tree"]) for m in report["methods"]}
+    for kind in ("eagle1", "eagle3"):  # default: EAGLE-2 dynamic tree greedy, sampled 4-chain at T > 0
+        assert trees[(kind, 0.0)] == (f"{kind}[dynamic-4-5-16]", "dynamic-4-5-16")
+        assert trees[(kind, 1.0)] == (f"{kind}[chain-4]", "chain-4")
+    assert trees[("medusa", 0.0)] == trees[("medusa", 1.0)] == ("medusa[chain-3]", "chain-3")
+
+
 def test_exact_match_is_total_at_temperature_zero(report):
     for m in report["methods"]:
         if m["temperature"] == 0:

@@ -13,7 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from headway.decode import Speculator
-from headway.decode.sampling import SamplingParams, processed_probs, sample_from, verify_sample
+from headway.decode.sampling import (SamplingParams, processed_probs, sample_from, verify_sample,
+                                     verify_sampled_chain)
 from headway.decode.tree import TreeBuffers
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.testing import tiny_tokenizer
@@ -186,3 +187,123 @@ def test_typical_acceptance_is_lossy_and_labelled(target):
     assert chi_square_pvalue(counts, probs, N_SAMPLES) < 1e-6
     out = spec.generate(PROMPT, max_new_tokens=12, temperature=1.0, seed=0)
     assert len(out.ids) >= 1 and out.stats.target_forwards >= 1
+
+
+# ---- sampled drafts (chains at temperature > 0) -----------------------------------------------
+
+
+def first_token_counts(p, q, n, seed, residual=True):
+    """Draw x ~ q, verify one sampled draft against p, count the first emitted token."""
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(p.numel())
+    probs = torch.stack([p, p])  # the target at the root and at the draft node
+    for _ in range(n):
+        x = sample_from(q, torch.rand((), generator=gen))
+        u = torch.rand(3, generator=gen)
+        v = verify_sampled_chain(torch.tensor([0, int(x)]), probs, q[None], u[:2], u[2], residual=residual)
+        first = int(x) if v.accepted else int(v.bonus)
+        counts[first] += 1
+    return counts
+
+
+def test_sampled_draft_verification_emits_the_target_distribution():
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    q = torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2])  # far from p, even mass where p has none
+    n = 20_000
+    counts = first_token_counts(p, q, n, seed=0)
+    probs = {(i,): float(p[i]) for i in range(5)}
+    got = {(i,): int(counts[i]) for i in range(5)}
+    assert counts[4] == 0  # a token the target never emits is never emitted
+    assert chi_square_pvalue(got, probs, n) > 1e-3
+    biased = first_token_counts(p, q, n, seed=0, residual=False)  # bonus from p instead of (p - q)+
+    assert chi_square_pvalue({(i,): int(biased[i]) for i in range(5)}, probs, n) < 1e-6
+
+
+def test_sampled_drafts_accept_sum_of_min_p_q():
+    p = torch.tensor([0.4, 0.3, 0.2, 0.1])
+    q = torch.tensor([0.3, 0.3, 0.3, 0.1])
+    gen = torch.Generator().manual_seed(1)
+    n, accepted = 20_000, 0
+    for _ in range(n):
+        x = sample_from(q, torch.rand((), generator=gen))
+        u = torch.rand(3, generator=gen)
+        accepted += verify_sampled_chain(torch.tensor([0, int(x)]), torch.stack([p, p]), q[None], u[:2], u[2]).accepted
+    assert abs(accepted / n - float(torch.minimum(p, q).sum())) < 0.015  # 0.9, against p(top-1) = 0.4
+
+
+@torch.no_grad()
+def sampled_chain_samples(spec, params, n, seed, verifier=verify_sampled_chain):
+    """Like ``speculative_samples``, but every sample drafts anew (drafts are random)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.tensor([PROMPT])
+    logits0 = spec.target(ids).logits[0, -1]
+    states, counts = {}, {}
+    for _ in range(n):
+        prefix = (int(spec._choose(logits0, params, gen)),)
+        if prefix not in states:
+            spec_choose = spec._choose
+            spec._choose = lambda *a, x=prefix[0]: torch.tensor(x)
+            states[prefix] = spec.start(ids, params, gen)
+            spec._choose = spec_choose
+        while len(prefix) < N_TOKENS:
+            st = spec.fork(states[prefix])
+            scored = spec.draft_and_score(st, params, gen)
+            assert scored.draft_probs is not None
+            u = torch.rand(scored.tree.buffers.size + 1, generator=gen)
+            verdict = verifier(scored.tree.tokens, processed_probs(scored.logits, params), scored.draft_probs,
+                               u[:-1], u[-1])
+            new = scored.tree.tokens[verdict.nodes[1:]].tolist() + [int(verdict.bonus)]
+            nxt = prefix + tuple(new)
+            if len(nxt) < N_TOKENS and nxt not in states:
+                spec.commit(st, scored, verdict)
+                states[nxt] = st
+            prefix = nxt
+        key = prefix[:N_TOKENS]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def smoothed_heads(kind, model):
+    """Heads whose draft distribution overlaps the target's, so drafts are often accepted."""
+    h = heads_for(kind, model)
+    if kind == "eagle3":
+        with torch.no_grad():
+            h.lm_head.weight.mul_(0.1)
+    return h
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3"])
+def test_sampled_chain_drafts_match_target(target, kind):
+    params = SamplingParams(temperature=1.0)
+    spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree="chain-3")
+    probs = exact_distribution(target, params)
+    n = 10_000  # every sample drafts anew, so fewer than the memoised tests above (~40 s each)
+    counts = sampled_chain_samples(spec, params, n, seed={"medusa": 12, "eagle1": 13, "eagle3": 14}[kind])
+    assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
+    assert total_variation(counts, probs, n) < 0.06
+
+
+def test_sampled_chain_drafts_biased_verifier_is_caught(target):
+    params = SamplingParams(temperature=1.0)
+    spec = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="chain-3")
+    probs = exact_distribution(target, params)
+    n = 10_000
+
+    def biased(*a):
+        return verify_sampled_chain(*a, residual=False)
+
+    counts = sampled_chain_samples(spec, params, n, seed=11, verifier=biased)
+    assert chi_square_pvalue(counts, probs, n) < 1e-6
+
+
+@torch.no_grad()
+def test_sampled_drafts_are_used_only_for_chains_at_temperature(target):
+    spec = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="dynamic-3-3-8")
+    st = spec.start(torch.tensor([PROMPT]), SamplingParams(1.0), torch.Generator().manual_seed(0))
+    assert spec.draft_and_score(spec.fork(st), SamplingParams(1.0), torch.Generator()).draft_probs is None
+    chain_spec = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="chain-3")
+    st = chain_spec.start(torch.tensor([PROMPT]), SamplingParams(0.0), torch.Generator())
+    assert chain_spec.draft_and_score(chain_spec.fork(st), SamplingParams(0.0), torch.Generator()).draft_probs is None
+    off = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="chain-3", sampled_drafts=False)
+    st = off.start(torch.tensor([PROMPT]), SamplingParams(1.0), torch.Generator())
+    assert off.draft_and_score(off.fork(st), SamplingParams(1.0), torch.Generator()).draft_probs is None

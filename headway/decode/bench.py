@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, opt
+from ..data.progress import quiet_transformers
 from .bench_methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run)
 from .bench_report import SCHEMA, Record, render_table, summarize, write_plot
@@ -253,20 +254,6 @@ def measure(methods: Sequence[Method], prompts: Sequence[list[int]], cfg: BenchC
     return reference, records
 
 
-@contextlib.contextmanager
-def _quiet_loading() -> Iterator[None]:
-    """transformers draws a progress bar per checkpoint it loads; they would tear through the table."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _peak_rss_bytes() -> int | None:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
@@ -296,7 +283,7 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     target_path = resolve_target_path(cfg.target)
-    with _quiet_loading():
+    with quiet_transformers():
         target, tok = load_target(target_path, dtype=cfg.dtype, device=cfg.device, adapter=cfg.adapter)
         assistant, assistant_info = load_assistant(cfg, target_path, tok)
         methods: list[Method] = [*baselines(target, tok, assistant, cfg), *headway_methods(target, tok, cfg)]
@@ -305,8 +292,8 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     reference, records = measure(methods, prompts, cfg, room)
     from ..demo_target import repetition_rate
 
-    entries = [summarize(methods[i], t, recs, records[(0, t)], reference) for (i, t), recs in records.items()]
-    entries.sort(key=lambda e: (e["temperature"], [m.name for m in methods].index(e["name"])))
+    entries = [(t, i, summarize(methods[i], t, recs, records[(0, t)], reference)) for (i, t), recs in records.items()]
+    entries = [e for _, _, e in sorted(entries, key=lambda x: (x[0], x[1]))]  # by temperature, then method order
     return {
         "schema": SCHEMA, "headway_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

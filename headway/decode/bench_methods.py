@@ -279,6 +279,13 @@ class HeadwayMethod:
     def param_bytes(self) -> int:
         return module_bytes(self.target, self.speculator.heads)
 
+    def label_at(self, temperature: float) -> tuple[str, str, int]:
+        """(name, tree, depth) at this temperature: the speculator may draft another shape when
+        sampling (a chain of sampled drafts), and the table must say which one ran."""
+        shape = self.speculator.tree_for(temperature)
+        tree = tree_spec(shape)
+        return self.name.replace(f"[{self.tree}]", f"[{tree}]"), tree, shape.depth
+
     def generate(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generated:
         out = self.speculator.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         stats: GenerationStats = out.stats

@@ -88,14 +88,16 @@ def summarize(method: Method, temperature: float, records: Sequence[Record], bas
     forwards = sum(r.target_forwards for r in runs)
     seconds = sum(r.seconds for r in runs)
     steps = sum(r.draft_steps for r in runs)
-    depth = max([method.draft_depth if steps else 0] + [len(r.accepted_per_depth) for r in runs])
+    name, tree, draft_depth = method.label_at(temperature) if hasattr(method, "label_at") else \
+        (method.name, method.tree, method.draft_depth)
+    depth = max([draft_depth if steps else 0] + [len(r.accepted_per_depth) for r in runs])
     accepted = [sum(r.accepted_per_depth[d] for r in runs if d < len(r.accepted_per_depth)) for d in range(depth)]
     match, mismatches = exact_match(records, reference) if temperature == 0 else (None, [])
     cuda = [r.peak_cuda_bytes for r in runs if r.peak_cuda_bytes is not None]
     params, kv = method.param_bytes(), max(r.peak_kv_bytes for r in runs)
     t_target, t_drafter = sum(r.time_target for r in runs), sum(r.time_drafter for r in runs)
     return {
-        "name": method.name, "kind": method.kind, "tree": method.tree, "heads": method.heads_path,
+        "name": name, "kind": method.kind, "tree": tree, "heads": method.heads_path,
         "temperature": temperature, "lossless": True,
         "tokens_per_s": statistics.median(rates.values()),
         "tokens_per_s_by_repeat": list(rates.values()),

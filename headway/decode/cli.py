@@ -80,7 +80,8 @@ def generate_cli(cfg: GenerateConfig) -> int:
         out = spec.generate(cfg.prompt, **kw)
         stats = out.stats
         print(out.text)
-    print(f"[{type(spec.heads).__name__} tree={getattr(spec.tree, 'name', spec.tree)}] {stats.summary()}",
+    tree = spec.tree_for(cfg.temperature)
+    print(f"[{type(spec.heads).__name__} tree={getattr(tree, 'name', tree)}] {stats.summary()}",
           file=sys.stderr)
     return 0
 

@@ -1,5 +1,6 @@
-"""The target's processed distribution (temperature, top-k, top-p, in HF ``generate``'s order)
-and exact sampling verification for trees of deterministic (top-k) drafts."""
+"""The target's processed distribution (temperature, top-k, top-p, in HF ``generate``'s order),
+exact sampling verification for trees of deterministic (top-k) drafts, and for chains whose
+drafts were *sampled* from the drafter (standard speculative sampling)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,28 @@ def verify_typical(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tens
     best = length.argmax()
     nodes = paths[best, : int(length[best])]
     return Verdict(nodes, sample_from(probs[nodes[-1]], u_bonus))
+
+
+def verify_sampled_chain(tokens: torch.Tensor, probs: torch.Tensor, draft_probs: torch.Tensor,
+                         u_accept: torch.Tensor, u_bonus: torch.Tensor, residual: bool = True) -> Verdict:
+    """Exact verification of a chain whose draft d was *sampled* from ``draft_probs[d-1]``.
+
+    tokens (D+1,) root then drafts; probs (D+1, V) the target's processed distribution at each
+    node; draft_probs (D, V) the distribution each draft was drawn from (in target-vocab space).
+    Draft x at depth d is accepted with probability min(1, p(x) / q(x)), p the target at its
+    parent; at the first rejection the bonus token is drawn from the residual max(p - q, 0),
+    so every emitted token follows p exactly (Leviathan et al., Chen et al. 2023). When q is
+    close to p this accepts far more often than a deterministic top-1 draft, whose acceptance is
+    p(top-1). ``residual=False`` (draw the bonus from p) exists only so tests can show that a
+    biased verifier is caught.
+    """
+    toks = tokens.tolist()
+    path = [0]
+    for d in range(1, len(toks)):
+        p, q, x = probs[d - 1], draft_probs[d - 1], toks[d]
+        if u_accept[d] * q[x] < p[x]:  # accept with probability min(1, p(x) / q(x)); q(x) > 0
+            path.append(d)
+            continue
+        r = (p - q).clamp(min=0) if residual else p
+        return Verdict(torch.tensor(path, device=tokens.device), sample_from(r, u_bonus))
+    return Verdict(torch.tensor(path, device=tokens.device), sample_from(probs[-1], u_bonus))

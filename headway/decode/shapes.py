@@ -15,7 +15,7 @@ Token ids in logprobs are *draft* ids; ``proposer.to_target_ids`` maps them (EAG
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 
@@ -107,6 +107,11 @@ class StaticShape:
         if max(max(p) for p in self.paths) < vocab:
             return self
         return StaticShape([p for p in self.paths if max(p) < vocab], name=f"{self.name}[rank<{vocab}]")
+
+
+def is_chain(shape: "TreeShape") -> bool:
+    """One node per depth (``chain-N``, or any static shape that is a single path)."""
+    return isinstance(shape, StaticShape) and shape.size == shape.depth + 1
 
 
 def chain(depth: int) -> StaticShape:
@@ -256,6 +261,33 @@ def select_tree(draft: torch.Tensor, parent: torch.Tensor, score: torch.Tensor, 
 
 
 TreeShape = StaticShape | DynamicShape
+
+
+def build_sampled_chain(depth: int, proposer: Proposer, root_token: torch.Tensor, sample: Any,
+                        target_vocab: int) -> tuple[DraftTree, torch.Tensor]:
+    """A chain whose drafts are drawn from the drafter's processed distribution.
+
+    ``sample(logprobs) -> (probs, draft_id)`` applies the sampling parameters to the drafter's
+    log-probs over its own vocabulary and draws one id. Returns the tree and the draft
+    distributions (depth, target_vocab) mapped into target-vocab space (zero outside the draft
+    vocabulary), which ``verify_sampled_chain`` needs."""
+    dev = root_token.device
+    vocab_ids = None
+    logp = proposer.root_logprobs()  # (Vd,)
+    draft = torch.full((depth + 1,), -1, dtype=torch.long, device=dev)
+    q_all = torch.zeros(depth, target_vocab, device=dev)
+    for d in range(1, depth + 1):
+        q, x = sample(logp)
+        if vocab_ids is None:
+            vocab_ids = proposer.to_target_ids(torch.arange(q.numel(), device=dev))
+        q_all[d - 1, vocab_ids] = q
+        draft[d] = x
+        if d < depth:
+            logp = proposer.expand(torch.zeros(1, dtype=torch.long, device=dev),
+                                   proposer.to_target_ids(x.view(1)), d)[0]
+    tokens = proposer.to_target_ids(draft.clamp(min=0))
+    tokens[0] = root_token
+    return DraftTree(tokens, chain(depth).buffers.to(dev), draft), q_all
 
 
 def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor) -> DraftTree:

@@ -162,9 +162,9 @@ def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: li
     names = list(shapes)
     tps: dict[str, list[float]] = {n: [] for n in names}
     tau: dict[str, list[float]] = {n: [] for n in names}
-    saved = spec.tree
+    saved = spec.tree, spec.sampling_tree
     try:
-        spec.tree = shapes[names[0]]
+        spec.tree = spec.sampling_tree = shapes[names[0]]
         spec.generate(prompts[0], max_new_tokens=8, temperature=temperature, seed=0)  # warm-up
         for r in range(repeats):
             tokens = {n: 0 for n in names}
@@ -172,7 +172,7 @@ def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: li
             for i, prompt in enumerate(prompts):
                 order = names[(i + r) % len(names):] + names[:(i + r) % len(names)]  # rotate to spread noise
                 for n in order:
-                    spec.tree = shapes[n]
+                    spec.tree = spec.sampling_tree = shapes[n]  # candidates run at every temperature
                     out = spec.generate(prompt, max_new_tokens=max_new, temperature=temperature, seed=i)
                     tokens[n] += out.stats.new_tokens
                     secs[n] += out.stats.time_total
@@ -180,7 +180,7 @@ def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: li
             for n in names:
                 tps[n].append(tokens[n] / secs[n])
     finally:
-        spec.tree = saved
+        spec.tree, spec.sampling_tree = saved
     return {n: {"tokens_per_s": statistics.median(tps[n]), "tau": statistics.mean(tau[n])} for n in names}
 
 
