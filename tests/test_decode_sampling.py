@@ -63,19 +63,31 @@ def exact_distribution(model, params):
     return probs
 
 
-@torch.no_grad()
-def speculative_samples(spec, params, n, seed, verifier=verify_sample):
-    gen = torch.Generator().manual_seed(seed)
+def first_token_states(spec, params, gen):
+    """Draw the first token with the decoder's own sampler; prefill once per distinct first token
+    (memoised in ``states``). Returns the drawing function."""
     ids = torch.tensor([PROMPT])
     logits0 = spec.target(ids).logits[0, -1]
-    states, scored_memo, counts = {}, {}, {}
-    for _ in range(n):
-        prefix = (int(spec._choose(logits0, params, gen)),)  # the decoder's own first-token sampler
+
+    def draw(states):
+        prefix = (int(spec._choose(logits0, params, gen)),)
         if prefix not in states:
             spec_choose = spec._choose
             spec._choose = lambda *a, x=prefix[0]: torch.tensor(x)
             states[prefix] = spec.start(ids, params, gen)
             spec._choose = spec_choose
+        return prefix
+
+    return draw
+
+
+@torch.no_grad()
+def speculative_samples(spec, params, n, seed, verifier=verify_sample):
+    gen = torch.Generator().manual_seed(seed)
+    first_state = first_token_states(spec, params, gen)
+    states, scored_memo, counts = {}, {}, {}
+    for _ in range(n):
+        prefix = first_state(states)
         while len(prefix) < N_TOKENS:
             if prefix not in scored_memo:
                 st = spec.fork(states[prefix])
@@ -235,16 +247,10 @@ def test_sampled_drafts_accept_sum_of_min_p_q():
 def sampled_chain_samples(spec, params, n, seed, verifier=verify_sampled_chain):
     """Like ``speculative_samples``, but every sample drafts anew (drafts are random)."""
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.tensor([PROMPT])
-    logits0 = spec.target(ids).logits[0, -1]
+    first_state = first_token_states(spec, params, gen)
     states, counts = {}, {}
     for _ in range(n):
-        prefix = (int(spec._choose(logits0, params, gen)),)
-        if prefix not in states:
-            spec_choose = spec._choose
-            spec._choose = lambda *a, x=prefix[0]: torch.tensor(x)
-            states[prefix] = spec.start(ids, params, gen)
-            spec._choose = spec_choose
+        prefix = first_state(states)
         while len(prefix) < N_TOKENS:
             st = spec.fork(states[prefix])
             scored = spec.draft_and_score(st, params, gen)
