@@ -104,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"headway {name}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        if "torch.distributed" in sys.modules:  # multi-process runs (accelerate launch): exit cleanly
+            from .data.runtime import release_process_group
+
+            release_process_group()
 
 
 if __name__ == "__main__":

@@ -37,3 +37,15 @@ def processes(device: str | None = None) -> Processes:
         # Several processes share the cores: one thread each avoids oversubscription.
         torch.set_num_threads(max(1, torch.get_num_threads() // state.num_processes))
     return Processes(state.process_index, state.num_processes, dev, state)
+
+
+def release_process_group() -> None:
+    """Destroy the torch.distributed process group, if one exists, while the interpreter is whole.
+
+    Left to interpreter teardown, the Gloo group's destructor joins its worker thread while holding
+    the GIL, and that thread may be waiting for the GIL itself: a rank that finished its work then
+    hangs at exit (seen in a 2-process CPU training run, about one run in a few)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
