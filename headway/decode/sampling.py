@@ -111,13 +111,13 @@ def verify_sampled_chain(tokens: torch.Tensor, probs: torch.Tensor, draft_probs:
     p(top-1). ``residual=False`` (draw the bonus from p) exists only so tests can show that a
     biased verifier is caught.
     """
-    toks = tokens.tolist()
-    path = [0]
-    for d in range(1, len(toks)):
-        p, q, x = probs[d - 1], draft_probs[d - 1], toks[d]
-        if u_accept[d] * q[x] < p[x]:  # accept with probability min(1, p(x) / q(x)); q(x) > 0
-            path.append(d)
-            continue
-        r = (p - q).clamp(min=0) if residual else p
-        return Verdict(torch.tensor(path, device=tokens.device), sample_from(r, u_bonus))
-    return Verdict(torch.tensor(path, device=tokens.device), sample_from(probs[-1], u_bonus))
+    D = tokens.numel() - 1
+    rows = torch.arange(D, device=tokens.device)
+    x = tokens[1:]  # (D,) drafts
+    ok = u_accept[1:D + 1] * draft_probs[rows, x] < probs[rows, x]  # accept w.p. min(1, p(x) / q(x)); q(x) > 0
+    m = int(ok.long().cumprod(0).sum())  # accepted prefix length: the one sync of the step
+    nodes = torch.arange(m + 1, device=tokens.device)
+    if m == D:
+        return Verdict(nodes, sample_from(probs[D], u_bonus))
+    p, q = probs[m], draft_probs[m]  # first rejection: draft m+1 against the target at node m
+    return Verdict(nodes, sample_from((p - q).clamp(min=0) if residual else p, u_bonus))
