@@ -1,5 +1,8 @@
-"""``headway bench``: the report's schema, the exact-match column (and that it can fail), the plot, the CLI."""
+"""``headway bench``: the report's schema, the exact-match column (and that it can fail), the plot, the CLI,
+and prompts tokenised exactly as ``headway distill`` conditions the target (chat template or raw)."""
 
+import copy
+import dataclasses
 import json
 
 import pytest
@@ -8,14 +11,25 @@ import torch
 from headway.cli import main
 from headway.config import ConfigError
 from headway.decode import bench_methods
-from headway.decode.bench import BenchConfig, bench, schedule
+from headway.data.distill import DistillConfig, distill, load_distilled
+from headway.data.plans import make_plan
+from headway.data.samples import Sample
+from headway.decode.bench import BenchConfig, bench, load_prompts, schedule
 from headway.decode.bench_methods import depth_counts
-from headway.decode.bench_report import METHOD_KEYS, SCHEMA, first_difference, write_plot
+from headway.decode.bench_report import METHOD_KEYS, SCHEMA, first_difference, render_table, write_plot
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.target import load_target
 from headway.testing import save_tiny_target, tiny_target
 
 PROMPTS = ["def parse(self, text):\n    result = []", "class Stack:\n    def __init__(self"]
 BASELINES = {"hf_generate", "hf_assisted", "hf_prompt_lookup"}
+# A chat template whose assistant turn starts with text the generation prompt lacks (like Qwen3's
+# empty think block): the text distill puts before an answer is not add_generation_prompt's.
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'assistant' %}<|assistant|>\n<think></think>"
+            "{{ m.content }}{{ eos_token }}\n{% else %}<|{{ m.role }}|>\n{{ m.content }}{{ eos_token }}\n{% endif %}"
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Write a loop"},
+        {"role": "assistant", "content": "OLD"}, {"role": "user", "content": "Now a function"}]
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +47,16 @@ def folders(tmp_path_factory):
     Eagle1Drafter.for_target(model).save_pretrained(root / "eagle1")
     Eagle3Drafter.for_target(model, draft_vocab_size=200).save_pretrained(root / "eagle3")
     (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    # the same target with a chat template (the heads above fit it), prompts with a messages row and a
+    # plain prompt ending in whitespace, and the template as a file for targets without one
+    _, tok = tiny_target("llama", seed=0)
+    tok = copy.deepcopy(tok)
+    tok.chat_template = TEMPLATE
+    save_tiny_target(root / "chat-target", "llama", seed=0)
+    tok.save_pretrained(root / "chat-target")
+    rows = [{"prompt": PROMPTS[0] + "\n    "}, {"messages": CONV}, {"prompt": PROMPTS[1]}]
+    (root / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "template.jinja").write_text(TEMPLATE)
     return root
 
 
@@ -135,6 +159,77 @@ def test_cli_end_to_end(folders, tmp_path):
 
 def test_a_target_without_a_default_assistant_asks_for_one(folders):
     with pytest.raises(ConfigError, match="--assistant"):
+        bench(config(folders, assistant=None))
+
+
+def distilled_prompts(root, target, prompts, **kw) -> list[list[int]]:
+    """What ``headway distill`` conditioned the target's first answer on, per row."""
+    cfg = DistillConfig(source=str(root / prompts), output=str(root / "distilled"), target=str(root / target),
+                        max_new_tokens=2, batch_size=4, overwrite=True, **kw)
+    return [row["input_ids"][: row["loss_mask"].index(1)] for row in load_distilled(distill(cfg))]
+
+
+def bench_prompts(root, target, prompts, **kw):
+    _, tok = load_target(str(root / target))
+    return load_prompts(config(root, target=str(root / target), prompts=str(root / prompts), **kw), tok)
+
+
+@pytest.mark.parametrize("target,prompts,kw,fmt", [
+    ("chat-target", "mixed.jsonl", {}, "chat (template of the target)"),
+    ("chat-target", "mixed.jsonl", {"prompt_format": "raw"}, "mixed: chat (template of the target) for 1, raw for 2"),
+    ("chat-target", "prompts.jsonl", {"prompt_format": "raw"}, "raw"),
+    ("target", "prompts.jsonl", {}, "raw"),
+    ("target", "mixed.jsonl", {"chat_template": "TEMPLATE"}, "chat (template from TEMPLATE)"),
+])
+def test_bench_prompts_are_what_distill_conditioned_on(folders, target, prompts, kw, fmt):
+    kw = {k: str(folders / "template.jinja") if v == "TEMPLATE" else v for k, v in kw.items()}
+    got = bench_prompts(folders, target, prompts, **kw)
+    assert got.ids == distilled_prompts(folders, target, prompts, **kw)
+    assert got.format == fmt.replace("TEMPLATE", str(folders / "template.jinja"))
+
+
+def test_chat_targets_get_the_template_and_raw_gets_the_prompt_as_it_is(folders):
+    _, tok = load_target(str(folders / "chat-target"))
+    plain = Sample("0", prompt=PROMPTS[0] + "\n    ")
+    chat = bench_prompts(folders, "chat-target", "mixed.jsonl")
+    assert chat.ids[0] == make_plan(0, plain, tok, TEMPLATE, "auto", "t").piece_ids[0]
+    assert tok.decode(chat.ids[0]) == f"<|bos|><|user|>\n{plain.prompt}<|eos|>\n<|assistant|>\n<think></think>"
+    assert tok.decode(chat.ids[1]).endswith("Write a loop<|eos|>\n<|assistant|>\n<think></think>")
+    raw = bench_prompts(folders, "chat-target", "mixed.jsonl", prompt_format="raw")
+    assert raw.ids[0] == tok(plain.prompt)["input_ids"] and raw.ids[2] == tok(PROMPTS[1])["input_ids"]
+    assert raw.ids[1] == chat.ids[1]  # messages always need the template
+    assert raw.names == chat.names == ["0", "1", "2"]
+
+
+def test_report_names_the_prompt_format_and_baselines_can_skip_the_assistant(folders, report, tmp_path):
+    assert report["prompts"]["prompt_format"] == "raw" and "prompts (raw)" in render_table(report).title
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--target", str(folders / "chat-target"), "--heads", str(folders / "medusa"),
+               "--prompts", str(folders / "mixed.jsonl"), "--baselines", "hf-prompt-lookup", "--max-new-tokens", "6",
+               "--repeats", "1", "--warmup", "0", "--no-progress", "--json", str(out)])
+    assert rc == 0
+    rep = json.loads(out.read_text())
+    assert rep["prompts"]["prompt_format"] == "chat (template of the target)"
+    assert "prompts (chat (template of the target))" in render_table(rep).title
+    assert rep["assistant"] is None and rep["settings"]["baselines"] == ["hf-prompt-lookup"]
+    assert {m["kind"] for m in rep["methods"]} == {"hf_generate", "hf_prompt_lookup", "medusa"}
+    assert all(m["exact_match"] == 1.0 for m in rep["methods"])
+
+
+def test_prompt_options_match_distill_and_are_checked(folders):
+    bench_fields = {f.name: f for f in dataclasses.fields(BenchConfig)}
+    for f in dataclasses.fields(DistillConfig):
+        if f.name in ("prompt_format", "chat_template"):
+            assert (bench_fields[f.name].default, bench_fields[f.name].metadata) == (f.default, f.metadata)
+    assert BenchConfig().baselines == ["hf-assisted", "hf-prompt-lookup"]
+    assert BenchConfig(baselines=["none"]).baselines == []
+    with pytest.raises(ConfigError, match="prompt_format"):
+        BenchConfig(prompt_format="jinja")
+    with pytest.raises(ConfigError, match="baselines"):
+        BenchConfig(baselines=["hf-assisted", "vllm"])
+    with pytest.raises(ConfigError, match="leaves out hf-assisted"):
+        BenchConfig(assistant="some/model", baselines=["hf-prompt-lookup"])
+    with pytest.raises(ConfigError, match="--baselines hf-prompt-lookup"):
         bench(config(folders, assistant=None))
 
 

@@ -3,6 +3,11 @@
 A plan holds ``pieces``: the text before answer 1, between answers 1 and 2, ... A plain
 completion prompt is one piece (tokenised with the tokenizer's special tokens, e.g. BOS); a
 conversation is split by its chat template (``chat.conversation_pieces``).
+
+``prompt_ids`` is the one place that decides what the target is conditioned on before its first
+answer to a sample: ``headway distill`` (the first piece of the plan), ``headway bench``,
+``headway tune`` and ``headway generate`` all go through ``make_plan``, so heads are measured and
+used on the prompts they were trained on.
 """
 
 from __future__ import annotations
@@ -47,6 +52,24 @@ def make_plan(index: int, sample: Sample, tokenizer: Any, template: str | None, 
     pieces = conversation_pieces(tokenizer, messages, template)
     piece_ids = [list(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in pieces]
     return Plan(index, sample, pieces, piece_ids, raw=False)
+
+
+def prompt_ids(sample: Sample, tokenizer: Any, template: str | None, prompt_format: str = "auto",
+               target: str = "the target") -> tuple[list[int], str]:
+    """(token ids before the first answer, "chat" or "raw"): exactly ``make_plan``'s first piece,
+    i.e. what ``headway distill`` conditions the target's first answer on."""
+    plan = make_plan(0, sample, tokenizer, template, prompt_format, target)
+    return plan.piece_ids[0], "raw" if plan.raw else "chat"
+
+
+def describe_format(formats: list[str], template_from: str | None = None) -> str:
+    """How a run's prompts were formatted, for reports: "raw", "chat (template of the target)",
+    "chat (template from FILE)", or "mixed: chat (...) for 3, raw for 5" (``formats``: one per prompt)."""
+    chat = f"chat (template from {template_from})" if template_from else "chat (template of the target)"
+    n_chat, n_raw = formats.count("chat"), formats.count("raw")
+    if n_chat and n_raw:
+        return f"mixed: {chat} for {n_chat}, raw for {n_raw}"
+    return chat if n_chat else "raw"
 
 
 def fit_budget(plan: Plan, max_prompt_tokens: int, overlong: str) -> Plan | None:

@@ -1,8 +1,10 @@
 """``headway bench``: every decoding method in one process, interleaved, on the same prompts.
 
 The protocol of design.md §7: load the target once; build the methods (each heads checkpoint x
-each tree shape, plus three baselines that are always present: HF ``generate``, HF assisted
-generation with a small draft model, HF prompt lookup); let HF greedy write the reference
+each tree shape, plus the HF baselines: ``generate`` (always), assisted generation with a small
+draft model and prompt lookup (both by default, ``--baselines``)); prompts are tokenised exactly
+as ``headway distill`` conditions the target (``data.plans.prompt_ids``: chat template or raw,
+``--prompt-format``); let HF greedy write the reference
 completions (exact-match and the target's repetition rate are measured against them); warm up
 every method; then for each repeat, for each prompt, for each temperature run every method in
 turn, rotating the order. Per method: median tokens/s over repeats, speedup as the median
@@ -28,11 +30,15 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..config import ConfigError, opt
+from ..config import ConfigError, check_choice, opt
+from ..data.plans import PROMPT_FORMATS
 from ..data.progress import quiet_transformers
 from .bench_methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run)
 from .bench_report import SCHEMA, Record, render_table, summarize, write_plot
+
+
+OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup")
 
 
 @dataclass
@@ -50,6 +56,14 @@ class BenchConfig:
     tree: list[str] = opt(help="tree shapes to try with every heads checkpoint (chain-N, mc_sim_7b_63, "
                                "dynamic-K-D-T, ...); default: each checkpoint's stored tree, else its kind's default",
                           default_factory=list)
+    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
+    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
+                                     "user message); chat: always; raw: plain prompts as they are",
+                             choices=PROMPT_FORMATS)
+    baselines: list[str] = opt(help="HF baselines besides hf-generate (always run: the reference and speedup "
+                                    "1.0): hf-assisted hf-prompt-lookup, or none; leave out hf-assisted to bench "
+                                    "a non-demo target without an assistant model",
+                               default_factory=lambda: list(OPTIONAL_BASELINES))
     assistant: str | None = opt(None, "draft model for HF assisted generation (same tokenizer as the target); "
                                       "default for the demo target: the same recipe with --assistant-layers layers")
     assistant_layers: int = opt(2, "layers of the default demo assistant")
@@ -76,6 +90,12 @@ class BenchConfig:
         if not self.temperature or any(t < 0 for t in self.temperature):
             raise ConfigError(f"'temperature' needs one or more values >= 0, got {self.temperature}")
         self.temperature = list(dict.fromkeys(float(t) for t in self.temperature))
+        check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
+        self.baselines = [] if self.baselines == ["none"] else list(dict.fromkeys(self.baselines))
+        for name in self.baselines:
+            check_choice(name, OPTIONAL_BASELINES, "baselines")
+        if self.assistant and "hf-assisted" not in self.baselines:
+            raise ConfigError("'assistant' is set but 'baselines' leaves out hf-assisted, the only method using it")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,8 +117,8 @@ def default_assistant(target_path: str, layers: int, progress: bool) -> tuple[st
     meta = _demo_metadata(target_path)
     if meta is None:
         raise ConfigError(f"'{target_path}' is not a demo target, so there is no default assistant: pass "
-                          "--assistant PATH, a small model with the target's tokenizer (HF assisted generation is "
-                          "one of the baselines every bench reports)")
+                          "--assistant PATH (a small model with the target's tokenizer) or skip HF assisted "
+                          "generation with --baselines hf-prompt-lookup")
     fields = {f.name for f in dataclasses.fields(TargetBuildConfig)}
     recipe = {k: v for k, v in meta["config"].items() if k in fields}
     folder = Path(target_path)
@@ -110,9 +130,14 @@ def default_assistant(target_path: str, layers: int, progress: bool) -> tuple[st
     return str(path), note
 
 
-def load_assistant(cfg: BenchConfig, target_path: str, tokenizer: Any) -> tuple[nn.Module, dict[str, Any]]:
+def load_assistant(cfg: BenchConfig, target_path: str, tokenizer: Any
+                   ) -> tuple[nn.Module | None, dict[str, Any] | None]:
+    """The draft model of HF assisted generation and its report entry; (None, None) when
+    ``--baselines`` leaves hf-assisted out."""
     from ..target import load_target
 
+    if "hf-assisted" not in cfg.baselines:
+        return None, None
     path, note = (cfg.assistant, "given with --assistant") if cfg.assistant else \
         default_assistant(target_path, cfg.assistant_layers, cfg.progress)
     assistant, atok = load_target(path, dtype=cfg.dtype, device=cfg.device)
@@ -127,13 +152,18 @@ def load_assistant(cfg: BenchConfig, target_path: str, tokenizer: Any) -> tuple[
     return assistant, info
 
 
-def baselines(target: nn.Module, tokenizer: Any, assistant: nn.Module, cfg: BenchConfig) -> list[HFMethod]:
+def baselines(target: nn.Module, tokenizer: Any, assistant: nn.Module | None, cfg: BenchConfig) -> list[HFMethod]:
+    """HF generate first (it writes the reference), then the ``--baselines`` asked for."""
     stops = stop_ids_of(target, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or [0])[0]
-    return [HFMethod("hf-generate", "hf_generate", target, stops, pad),
-            HFMethod("hf-assisted", "hf_assisted", target, stops, pad, cfg.assistant_tokens, assistant=assistant),
-            HFMethod("hf-prompt-lookup", "hf_prompt_lookup", target, stops, pad, cfg.prompt_lookup_tokens,
-                     prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)]
+    out = [HFMethod("hf-generate", "hf_generate", target, stops, pad)]
+    if "hf-assisted" in cfg.baselines:
+        out.append(HFMethod("hf-assisted", "hf_assisted", target, stops, pad, cfg.assistant_tokens,
+                            assistant=assistant))
+    if "hf-prompt-lookup" in cfg.baselines:
+        out.append(HFMethod("hf-prompt-lookup", "hf_prompt_lookup", target, stops, pad, cfg.prompt_lookup_tokens,
+                            prompt_lookup_num_tokens=cfg.prompt_lookup_tokens))
+    return out
 
 
 def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list[HeadwayMethod]:
@@ -161,28 +191,36 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
 # Prompts
 
 
-def load_prompts(cfg: BenchConfig, tokenizer: Any) -> tuple[list[list[int]], list[str]]:
-    """Token ids of the first ``num_prompts`` prompts; code prompts lose trailing whitespace
-    (the demo BPE merges newline + indent, so a prompt ending in one would be out of distribution)."""
+@dataclass
+class Prompts:
+    ids: list[list[int]]  # what the target is conditioned on, per prompt
+    names: list[str]  # the source rows' ids
+    format: str  # data.plans.describe_format: "raw", "chat (template of the target)", ...
+
+
+def load_prompts(cfg: BenchConfig, tokenizer: Any) -> Prompts:
+    """The first ``num_prompts`` prompts, tokenised by ``data.plans.prompt_ids`` exactly as
+    ``headway distill`` conditions the target's first answer (same ``prompt_format`` and
+    ``chat_template``; the template file, if given, is installed on ``tokenizer``). Demo code
+    prompts come without trailing whitespace (``demo_target.demo_prompts``: the demo BPE merges
+    newline + indent, so a prompt ending in one would be out of distribution)."""
+    from ..data.chat import load_chat_template
+    from ..data.plans import describe_format, prompt_ids
     from ..data.sources import read_samples
 
+    template = load_chat_template(tokenizer, cfg.chat_template)
     src = read_samples(cfg.prompts, tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens, limit=cfg.num_prompts,
                        seed=cfg.seed)
-    ids, names = [], []
+    ids, names, formats = [], [], []
     for s in src.samples:
-        if s.is_chat:
-            turns = s.messages[: next((i for i, m in enumerate(s.messages) if m["role"] == "assistant"),
-                                      len(s.messages))]
-            row = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
-            row = list(row["input_ids"] if hasattr(row, "keys") else row)
-        else:
-            row = tokenizer(s.prompt.rstrip())["input_ids"]
+        row, used = prompt_ids(s, tokenizer, template, cfg.prompt_format, cfg.target)
         if row:
             ids.append(row)
             names.append(s.id)
+            formats.append(used)
     if not ids:
         raise ConfigError(f"no usable prompts in '{cfg.prompts}'")
-    return ids, names
+    return Prompts(ids, names, describe_format(formats, cfg.chat_template))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,9 +323,10 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     target_path = resolve_target_path(cfg.target)
     with quiet_transformers():
         target, tok = load_target(target_path, dtype=cfg.dtype, device=cfg.device, adapter=cfg.adapter)
+        loaded = load_prompts(cfg, tok)  # before the assistant: a bad source or template fails fast
         assistant, assistant_info = load_assistant(cfg, target_path, tok)
         methods: list[Method] = [*baselines(target, tok, assistant, cfg), *headway_methods(target, tok, cfg)]
-    prompts, prompt_ids = load_prompts(cfg, tok)
+    prompts = loaded.ids
     room = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     reference, records = measure(methods, prompts, cfg, room)
     from ..demo_target import repetition_rate
@@ -302,8 +341,8 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
         "settings": {**dataclasses.asdict(cfg), "torch": torch.__version__, "transformers": transformers.__version__,
                      "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
                      "python": platform.python_version()},
-        "prompts": {"source": cfg.prompts, "count": len(prompts),
-                    "mean_tokens": sum(map(len, prompts)) / len(prompts), "ids": prompt_ids},
+        "prompts": {"source": cfg.prompts, "count": len(prompts), "prompt_format": loaded.format,
+                    "mean_tokens": sum(map(len, prompts)) / len(prompts), "ids": loaded.names},
         "repetition_rate": repetition_rate(reference),
         "process_peak_rss_bytes": _peak_rss_bytes(),
         "methods": entries,

@@ -7,10 +7,13 @@ JSON schema ``headway.bench/1`` (one object; every time is in seconds, every siz
   ``hidden_size``, ``vocab_size``, ``dtype``, ``device``, ``demo`` (the demo target's build
   metadata summary, or null)}
 - ``assistant``: {``path``, ``parameters``, ``num_hidden_layers``, ``note``} — the draft model of
-  HF assisted generation
+  HF assisted generation; null when ``--baselines`` leaves hf-assisted out
 - ``settings``: the ``BenchConfig`` fields plus ``torch``, ``transformers``, ``threads``,
   ``cpu_count``
-- ``prompts``: {``source``, ``count``, ``mean_tokens``, ``ids``}
+- ``prompts``: {``source``, ``count``, ``prompt_format`` (how the prompts became token ids, as
+  ``headway distill`` conditions the target: "raw", "chat (template of the target)",
+  "chat (template from FILE)" or "mixed: ... for N, raw for M"), ``mean_tokens``, ``ids`` (the
+  source rows' ids)}
 - ``repetition_rate``: the target's greedy 4-gram repetition rate on these prompts (fraction of
   4-grams in a greedy completion repeating an earlier 4-gram of the same completion; a looping
   target makes acceptance meaningless)
@@ -134,9 +137,10 @@ def render_table(report: dict[str, Any]) -> Any:
 
     s = report["settings"]
     t = report["target"]
+    fmt = report["prompts"].get("prompt_format", "format not recorded")
     title = (f"headway bench: {escape(Path(t['path']).name)} ({t['parameters'] / 1e6:.1f}M params, {t['dtype']}, "
-             f"{t['device']}) · {report['prompts']['count']} prompts × {s['max_new_tokens']} new tokens × "
-             f"{s['repeats']} repeats")
+             f"{t['device']}) · {report['prompts']['count']} prompts ({escape(fmt)}) × {s['max_new_tokens']} "
+             f"new tokens × {s['repeats']} repeats")
     caption = (f"target greedy 4-gram repetition: {report['repetition_rate']:.1%} (high = a looping target; "
                "acceptance then says little) · τ = new tokens / target forwards · speedup = median per-repeat "
                "ratio to hf generate · overhead = time outside target and drafter forwards · "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import opt
 
@@ -53,6 +54,20 @@ def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: s
                                       adapter=adapter, typical=typical)
 
 
+def prompt_token_ids(tokenizer: Any, prompt: str, chat: bool, target: str) -> list[int]:
+    """The ids ``headway distill`` would condition the target on for this plain prompt: raw, or
+    (``--chat``) the user message in the tokenizer's chat template (``data.plans.prompt_ids``)."""
+    from ..data.chat import load_chat_template
+    from ..data.plans import prompt_ids
+    from ..data.samples import Sample
+    from .speculator import DecodeError
+
+    template = load_chat_template(tokenizer, None)
+    if chat and not template:
+        raise DecodeError(f"--chat needs a chat template, and the tokenizer of '{target}' has none")
+    return prompt_ids(Sample("prompt", prompt=prompt), tokenizer, template, "chat" if chat else "raw", target)[0]
+
+
 def generate_cli(cfg: GenerateConfig) -> int:
     from .speculator import DecodeError
 
@@ -66,18 +81,19 @@ def generate_cli(cfg: GenerateConfig) -> int:
               file=sys.stderr)
     spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter, typical)
     kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-              stop=cfg.stop, seed=cfg.seed, chat=cfg.chat)
+              stop=cfg.stop, seed=cfg.seed)
+    ids = prompt_token_ids(spec.tokenizer, cfg.prompt, cfg.chat, cfg.target)
     if cfg.stream:
         from .speculator import GenerationStats
 
         stats = GenerationStats()
-        steps = spec.stream(cfg.prompt, stats=stats, **kw)
+        steps = spec.stream(ids, stats=stats, **kw)
         for piece in spec._text_stream(steps, cfg.stop):
             sys.stdout.write(piece)
             sys.stdout.flush()
         print()
     else:
-        out = spec.generate(cfg.prompt, **kw)
+        out = spec.generate(ids, **kw)
         stats = out.stats
         print(out.text)
     tree = spec.tree_for(cfg.temperature)

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ..config import opt
+from ..config import check_choice, opt
+from ..data.plans import PROMPT_FORMATS
 from .sampling import SamplingParams
 from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
 from .speculator import Speculator
@@ -35,6 +36,10 @@ class TuneConfig:
     prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
     num_prompts: int = opt(8, "calibration prompts to use")
     prompt_tokens: int = opt(96, "prompt length for demo-corpus prompts")
+    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
+    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
+                                     "user message); chat: always; raw: plain prompts as they are",
+                             choices=PROMPT_FORMATS)
     max_new_tokens: int = opt(64, "tokens generated per prompt while measuring")
     probe_depth: int = opt(6, "deepest draft position measured")
     probe_rank: int = opt(8, "ranks measured per depth")
@@ -48,6 +53,9 @@ class TuneConfig:
     device: str | None = opt(None, "device")
     write: bool = opt(True, "store the chosen tree in the heads' config.json")
     json_out: str | None = opt(None, "write the measurements here as JSON")
+
+    def __post_init__(self) -> None:
+        check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
 
 
 def shape_spec(shape: TreeShape) -> str:
@@ -196,15 +204,25 @@ def presets(spec: Speculator) -> dict[str, TreeShape]:
     return out
 
 
-def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
+def calibration_prompts(cfg: TuneConfig, tokenizer: Any) -> list[list[int]]:
+    """Token ids of the calibration prompts, as ``headway distill`` conditions the target
+    (``data.plans.prompt_ids``: same ``prompt_format`` / ``chat_template``)."""
+    from ..data.chat import load_chat_template
+    from ..data.plans import prompt_ids
     from ..data.sources import read_samples
+
+    template = load_chat_template(tokenizer, cfg.chat_template)
+    samples = read_samples(cfg.prompts, tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens,
+                           limit=cfg.num_prompts).samples
+    return [prompt_ids(s, tokenizer, template, cfg.prompt_format, cfg.target)[0] for s in samples]
+
+
+def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     from ..data.targets import resolve_target_path
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
     spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, dtype=cfg.dtype, device=cfg.device)
-    samples = read_samples(cfg.prompts, tokenizer=spec.tokenizer, prompt_tokens=cfg.prompt_tokens,
-                           limit=cfg.num_prompts).samples
-    prompts = [s.prompt if s.prompt is not None else s.messages for s in samples]
+    prompts = calibration_prompts(cfg, spec.tokenizer)
     say(f"measuring acceptance by depth and rank on {len(prompts)} prompts ...")
     acc = measure_acceptance(spec, prompts, cfg.probe_depth, cfg.probe_rank, cfg.max_new_tokens)
     say("measuring the forward-cost curve ...")
