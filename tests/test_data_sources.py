@@ -107,6 +107,14 @@ def test_demo_source_calls_demo_prompts(monkeypatch):
     assert calls[-1][:2] == ("train", 256)
 
 
+def test_chat_source_needs_no_tokenizer_and_ignores_the_seed():
+    s = read_samples("chat:heldout", limit=4, seed=3).samples
+    assert len(s) == 4 and all(x.prompt and x.id.startswith("chat:heldout:") for x in s)
+    assert [x.id for x in read_samples("chat:heldout", limit=4).samples] == [x.id for x in s]
+    with pytest.raises(DataError, match="unknown built-in chat corpus"):
+        read_samples("chat:valid")
+
+
 # ------------------------------------------------------------------ bad input
 
 def test_malformed_jsonl_line_reports_file_and_line(tmp_path):

@@ -39,7 +39,8 @@ FORMAT = "headway-distilled"
 @dataclass
 class DistillConfig:
     source: str = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations rows), "
-                           "a datasets folder, a Hub dataset name, or demo:train / demo:heldout", positional=True)
+                           "a datasets folder, a Hub dataset name, demo:train / demo:heldout, or the built-in chat "
+                           "instructions chat:train / chat:heldout", positional=True)
     output: str = opt("runs/distilled", "output folder (resumed if it holds shards of the same settings)")
     target: str = opt("demo", "target model: a local folder, a Hub id, or 'demo' (build/reuse the demo target)")
     revision: str | None = opt(None, "target revision (Hub targets)")

@@ -3,6 +3,7 @@
 A source is one string:
 
 - ``demo:train`` / ``demo:heldout``: code prefixes from the demo target's corpus;
+- ``chat:train`` / ``chat:heldout``: the built-in chat instruction corpus (``chat_corpus``; no download);
 - a ``.jsonl`` / ``.json`` / ``.parquet`` file of rows with ``prompt``, ``messages`` (OpenAI
   roles) or ``conversations`` (ShareGPT ``from``/``value``);
 - a folder written by ``datasets.save_to_disk`` (a ``DatasetDict`` uses ``split``);
@@ -19,10 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from .chat_corpus import chat_samples
 from .errors import BadRowError, DataError, one_line
 from .samples import Sample, normalize_row
 
 DEMO_SPLITS = {"demo:train": "train", "demo:heldout": "heldout"}
+CHAT_SPLITS = {"chat:train": "train", "chat:heldout": "heldout"}
 DEFAULT_DEMO_PROMPTS = 256
 
 
@@ -35,7 +38,13 @@ class SourceResult:
 
 def read_samples(source: str, *, split: str = "train", limit: int | None = None, skip_bad_rows: bool = False,
                  tokenizer: Any = None, prompt_tokens: int = 64, seed: int = 0) -> SourceResult:
-    """Read and normalise every row of ``source`` (see the module docstring for the forms)."""
+    """Read and normalise every row of ``source`` (see the module docstring for the forms).
+
+    ``seed`` only affects ``demo:`` sources; ``chat:`` prompts are fixed and ``limit`` takes a prefix."""
+    if source in CHAT_SPLITS:
+        return SourceResult(chat_samples(CHAT_SPLITS[source], limit), name=source)
+    if source.startswith("chat:"):
+        raise DataError(f"unknown built-in chat corpus '{source}'; use {' or '.join(CHAT_SPLITS)}")
     if source in DEMO_SPLITS:
         return SourceResult(demo_samples(DEMO_SPLITS[source], limit or DEFAULT_DEMO_PROMPTS, prompt_tokens,
                                          tokenizer, seed), name=source)
