@@ -10,6 +10,7 @@ from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.errors import DataError, ResumeMismatchError
 from headway.data.features import (FeaturesConfig, FeatureStore, eagle3_layers, features, parse_layers,
                                    right_pad, target_features)
+from headway.config import load_config, parse_args
 from headway.target import load_target
 
 PROMPTS = ["def add(a, b):", "import os\nimport sys\n\nclass Config:", "for i in range(10):", "x = [1, 2, 3]",
@@ -90,15 +91,37 @@ def test_interrupted_features_resume_and_refuse_other_settings(distilled, tmp_pa
         features(fcfg(distilled, tmp_path / "part", store_dtype="float16"))
     with pytest.raises(DataError, match="unfinished"):
         FeatureStore(tmp_path / "part")
-    monkeypatch.setattr(features_mod, "write_feature_shard", real)
+    first = tmp_path / "part" / "shard-00000.safetensors"
+    stamp = first.stat().st_mtime_ns
+    written = []
+
+    def record(folder, j, tensors):
+        written.append(j)
+        return real(folder, j, tensors)
+
+    monkeypatch.setattr(features_mod, "write_feature_shard", record)
     part = FeatureStore(features(fcfg(distilled, tmp_path / "part")))
+    assert written == [1, 2] and first.stat().st_mtime_ns == stamp  # the finished shard is kept, not redone
     for i in range(len(whole)):
         assert all(torch.equal(part[i][k], v) for k, v in whole[i].items())
+    from safetensors import safe_open
+
+    for s in whole.shards:  # identical shards (tensors and metadata), as if never interrupted
+        with safe_open(str(tmp_path / "part" / s["file"]), "pt") as a, \
+                safe_open(str(tmp_path / "whole" / s["file"]), "pt") as b:
+            assert a.metadata() == b.metadata() and sorted(a.keys()) == sorted(b.keys())
+            assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
+    m = json.loads((tmp_path / "part" / "features.json").read_text())
+    assert m["complete"] and m["bytes_per_token"] > 0
 
 
 def test_layer_specs():
     assert parse_layers(["final"], 32) == ["final"]
     assert parse_layers(["eagle3"], 32) == [2, 16, 29] == eagle3_layers(32)
+    # EAGLE-3's offline training reads its aux layers and `final` (the lm_head's input)
+    cfg = load_config(FeaturesConfig, None, parse_args(FeaturesConfig, ["ds", "--layers", "eagle3", "final"])[1])
+    assert parse_layers(cfg.layers, 30) == [2, 15, 27, "final"]
+    assert parse_layers(["final", "eagle3"], 30) == ["final", 2, 15, 27]
     assert parse_layers([0, "32"], 32) == [0, 32]
     with pytest.raises(DataError, match="not three distinct"):
         eagle3_layers(4)
@@ -115,3 +138,16 @@ def test_features_of_an_unfinished_dataset_are_refused(tmp_path):
     (tmp_path / "ds" / "headway_distill.json").write_text(json.dumps({"settings": {}, "complete": False}))
     with pytest.raises(DataError, match="unfinished"):
         features(FeaturesConfig(dataset=str(tmp_path / "ds"), output=str(tmp_path / "f")))
+
+
+def test_partial_rows_and_a_pickled_store(distilled, tmp_path):
+    """``row`` reads only the asked keys and tokens; a pickled store (DataLoader workers) reads the same rows."""
+    import pickle
+
+    store = FeatureStore(features(fcfg(distilled, tmp_path / "f", layers=["0", "1", "2", "final"])))
+    assert store.keys == ["hidden_states.0", "hidden_states.1", "hidden_states.2", "final"]
+    copy = pickle.loads(pickle.dumps(store))
+    row = store.row(3, ["final"], max_length=5)
+    assert list(row["features"]) == ["final"] and row["features"]["final"].shape == (5, 64)
+    assert torch.equal(copy.row(3, ["final"], 5)["features"]["final"], row["features"]["final"])
+    assert torch.equal(copy[3]["hidden_states.1"], store[3]["hidden_states.1"])

@@ -3,7 +3,8 @@
 Layers are named as HF ``hidden_states`` indices (0 = the embeddings, i = the output of decoder
 layer i, which is the input of layer i + 1), plus ``final``: the final hidden state after the
 model's last norm (= ``output_hidden_states[-1]`` in transformers v5), what Medusa and
-EAGLE-1 read. ``eagle3`` expands to EAGLE-3's defaults (2, L//2, L-3).
+EAGLE-1 read. ``eagle3`` expands to EAGLE-3's defaults (2, L//2, L-3); ``headway train
+features=DIR`` also needs ``final`` for EAGLE's soft labels (``--layers eagle3 final``).
 
 Output folder::
 
@@ -44,7 +45,9 @@ class FeaturesConfig:
     output: str = opt("runs/features", "output folder (resumed if it holds shards of the same settings)")
     layers: list[str] = opt(default_factory=lambda: ["final"],
                             help="hidden states to store: 'final' (post-norm, Medusa/EAGLE-1), HF hidden_states "
-                                 "indices (e.g. 2 4 5), or 'eagle3' (2, L//2, L-3)")
+                                 "indices (e.g. 2 4 5), or 'eagle3' (2, L//2, L-3); training reads 'final' for "
+                                 "Medusa / EAGLE-1 and for every EAGLE kind's soft labels, so EAGLE-3 wants "
+                                 "'eagle3 final'")
     store_dtype: str = opt("bfloat16", "dtype of the stored features", choices=tuple(STORE_DTYPES))
     target: str | None = opt(None, "target model (default: the one that distilled the dataset); 'demo' works")
     revision: str | None = opt(None, "target revision (Hub targets)")
@@ -260,6 +263,38 @@ def finish_features(out: Path, n_shards: int, manifest: dict[str, Any], layers: 
 
 # ---------------------------------------------------------------- reading
 
+def read_features_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of a features folder, finished or not (``FeatureStore`` needs a finished one)."""
+    path = Path(path).expanduser()
+    if not (path / MANIFEST).is_file():
+        raise DataError(f"{path} holds no {MANIFEST}; make it with headway features DATASET --output {path}")
+    return read_json(path / MANIFEST)
+
+
+def features_command(settings: dict[str, Any], output: str | Path, layers: Sequence[str] | None = None) -> str:
+    """The ``headway features`` command line that makes (or, same settings, completes) a features folder."""
+    defaults = {f.name: f.default for f in FeaturesConfig.__dataclass_fields__.values()}
+    words = ["headway features", str(settings["dataset"]), "--layers", *map(str, layers or settings["layers"]),
+             "--output", str(output), "--target", str(settings["target"])]
+    for key in ("revision", "adapter", "dtype", "store_dtype", "shard_size"):
+        if settings.get(key) is not None and settings[key] != defaults[key]:
+            words += [f"--{key}", str(settings[key])]
+    rows = dataset_rows(settings["dataset"])
+    if rows is None or settings.get("rows", rows) < rows:
+        words += ["--limit", str(settings["rows"])]
+    return " ".join(words)
+
+
+def dataset_rows(path: str | Path) -> int | None:
+    """Rows of a distilled dataset folder, or None when it cannot be read."""
+    try:
+        from datasets import load_from_disk
+
+        return len(load_from_disk(str(Path(path).expanduser())))
+    except Exception:  # noqa: BLE001 - only a hint for a message
+        return None
+
+
 class FeatureStore:
     """Read stored features row by row: ``store[i]`` -> {key: (T, H), "input_ids": (T,), "loss_mask": (T,)}.
 
@@ -292,7 +327,13 @@ class FeatureStore:
             self._open[j] = (f, f.get_tensor("offsets"))
         return self._open[j]
 
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+    def __getstate__(self) -> dict[str, Any]:
+        """Open files stay behind when the store is pickled (DataLoader workers open their own)."""
+        return {**self.__dict__, "_open": {}}
+
+    def row(self, i: int, keys: Sequence[str] | None = None, max_length: int | None = None) -> dict[str, Any]:
+        """Row ``i`` reading only ``keys`` (default: all) and at most ``max_length`` tokens:
+        {"input_ids": (T,) long, "loss_mask": (T,) long, "features": {key: (T, H)}}."""
         if i < 0:
             i += len(self)
         if not 0 <= i < len(self):
@@ -301,10 +342,14 @@ class FeatureStore:
         f, offsets = self._shard(j)
         r = i - self._starts[j]
         a, b = int(offsets[r]), int(offsets[r + 1])
-        row = {k: f.get_slice(k)[a:b] for k in self.keys}
-        row["input_ids"] = f.get_slice("input_ids")[a:b].long()
-        row["loss_mask"] = f.get_slice("loss_mask")[a:b].long()
-        return row
+        if max_length is not None:
+            b = min(b, a + max_length)
+        return {"input_ids": f.get_slice("input_ids")[a:b].long(), "loss_mask": f.get_slice("loss_mask")[a:b].long(),
+                "features": {k: f.get_slice(k)[a:b] for k in (self.keys if keys is None else keys)}}
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        row = self.row(i)
+        return {**row.pop("features"), **row}
 
     def __repr__(self) -> str:
         return f"FeatureStore({str(self.path)!r}, rows={len(self)}, keys={self.keys}, dtype={self.manifest['dtype']})"

@@ -1,17 +1,21 @@
 """Batches: padding variable-length rows, and the one target forward every head kind trains on.
 
 ``target_batch`` is shared by online training, evaluation and (through ``headway features``)
-offline feature extraction, so what a drafter sees never depends on the route.
+offline feature extraction, so what a drafter sees never depends on the route. Offline
+(``headway train features=DIR``) the DataLoader pads stored rows (``collate_features``) and
+``stored_batch`` builds the same ``TargetBatch`` from them: the target's decoder never runs,
+only its lm_head on the stored ``final`` state when logits are needed.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 
 @dataclass
@@ -84,3 +88,53 @@ def target_batch(target: nn.Module, batch: dict[str, Tensor], layers: Sequence[i
             ref = _forward(target, ids, attn, True).logits
     return TargetBatch(input_ids=ids, attention_mask=attn, loss_mask=batch["loss_mask"].to(device),
                        hidden=hidden, logits=logits, ref_logits=ref)
+
+
+# -- offline: stored features ----------------------------------------------------------------
+def feature_key(layer: int) -> str:
+    """HF hidden-state index -> the key ``headway features`` stores it under (-1 = ``final``)."""
+    return "final" if layer == -1 else f"hidden_states.{int(layer)}"
+
+
+def stored_keys(layers: Sequence[int], need_logits: bool) -> list[str]:
+    """The stored keys a task reads: its layers, plus ``final`` for the lm_head when it needs logits."""
+    keys = [feature_key(i) for i in layers]
+    return keys + ["final"] if need_logits and "final" not in keys else keys
+
+
+def collate_features(rows: Sequence[dict[str, Any]], pad_id: int = 0, max_length: int | None = None) -> dict[str, Any]:
+    """``FeatureStore.row`` dicts -> right-padded tensors as ``collate`` gives, plus
+    ``features``: {key: (B, T, H)} zero-padded (runs in the DataLoader)."""
+    ids = [r["input_ids"][:max_length] for r in rows]  # each (T_i,)
+    lengths = torch.tensor([len(x) for x in ids])  # (B,)
+    T = int(lengths.max())
+    return {"input_ids": pad_sequence(ids, batch_first=True, padding_value=pad_id).long(),  # (B, T)
+            "attention_mask": (torch.arange(T)[None] < lengths[:, None]).long(),  # (B, T)
+            "loss_mask": pad_sequence([r["loss_mask"][:max_length] for r in rows], batch_first=True).long(),
+            "features": {k: pad_sequence([r["features"][k][:max_length] for r in rows], batch_first=True)
+                         for k in rows[0]["features"]}}  # each (B, T, H)
+
+
+def lm_head_logits(lm_head: nn.Module) -> Callable[[Tensor], Tensor]:
+    """The target's output projection as a float32 function (B, T, H) -> (B, T, V), outside any
+    autocast: the logits the online forward computes, from the stored post-norm ``final`` state.
+    The float32 weight is made once (no copy for a float32 target)."""
+    weight = lm_head.weight.detach().float()  # (V, H)
+    bias = lm_head.bias.detach().float() if getattr(lm_head, "bias", None) is not None else None
+
+    def logits(final: Tensor) -> Tensor:
+        with torch.autocast(final.device.type, enabled=False), torch.no_grad():
+            return nn.functional.linear(final.to(weight.device, torch.float32), weight, bias)  # (B, T, V)
+
+    return logits
+
+
+def stored_batch(batch: dict[str, Any], layers: Sequence[int], logits_fn: Callable[[Tensor], Tensor] | None,
+                 device: torch.device, dtype: torch.dtype) -> TargetBatch:
+    """A ``collate_features`` batch -> the ``TargetBatch`` ``target_batch`` gives online: hidden
+    states in the target's dtype on ``device``, logits from ``logits_fn`` on ``final``."""
+    feats = batch["features"]  # key -> (B, T, H), stored dtype
+    hidden = {i: feats[feature_key(i)].to(device=device, dtype=dtype) for i in layers}  # each (B, T, H)
+    logits = logits_fn(feats["final"].to(device)) if logits_fn is not None else None  # (B, T, V) float32
+    return TargetBatch(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                       loss_mask=batch["loss_mask"].to(device), hidden=hidden, logits=logits)

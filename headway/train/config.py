@@ -100,7 +100,15 @@ class TrainConfig:
     target_dtype: str = opt("float32", "dtype the frozen target is loaded in (float32, bfloat16, float16)")
     data: str = opt("", "distilled dataset folder (datasets Arrow with input_ids and loss_mask)")
     eval_data: str | None = opt(None, "held-out distilled dataset; None = split eval_fraction off `data`")
-    eval_fraction: float = opt(0.05, "fraction of `data` held out for evaluation when eval_data is not given")
+    eval_fraction: float = opt(0.05, "fraction of `data` (or of `features`' rows) held out for evaluation when "
+                                     "eval_data / eval_features is not given; the same seeded rows either way")
+    features: str | None = opt(None, "a `headway features` folder: train on its stored hidden states (offline "
+                                     "mode) instead of running the target each step; only the target's lm_head "
+                                     "runs, for EAGLE's soft labels. `data` may be left empty: the rows come from "
+                                     "the features' dataset. Medusa / EAGLE-1 need layer 'final', EAGLE-3 its "
+                                     "aux layers and 'final'; medusa2 cannot use features")
+    eval_features: str | None = opt(None, "held-out `headway features` folder for offline mode; None = eval_data "
+                                          "if given (the target runs on it), else split eval_fraction off `features`")
     max_length: int = opt(1024, "rows longer than this many tokens are truncated")
     output_dir: str = opt("runs/headway", "checkpoints, logs and the final heads go here")
     seed: int = opt(0, "seed for initialisation, data order and the eval split")

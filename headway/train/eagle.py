@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase
+from .batch import collate_features, lm_head_logits, stored_batch, stored_keys
 from .config import TrainConfig
 from .tasks import TASKS, ParamGroup, TargetBatch
 from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, shift_left,
@@ -194,33 +195,16 @@ class Eagle3Task(_EagleTask):
 
 def feature_batch(rows: list[dict[str, Tensor]], layers: list[int], lm_head: nn.Module | None,
                   pad_id: int = 0) -> TargetBatch:
-    """Offline route: ``FeatureStore`` rows -> the ``TargetBatch`` online training builds.
-
-    Layer -1 reads the stored ``final`` state, layer i ``hidden_states.i``; the logits are the
-    target's ``lm_head`` on the final state (store ``final`` with the EAGLE-3 layers), exactly
-    what the target's forward computes. Rows are right-padded like ``collate``."""
-    B, T = len(rows), max(int(r["input_ids"].numel()) for r in rows)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, T, dtype=torch.long)
-    loss_mask = torch.zeros(B, T, dtype=torch.long)
-    hidden: dict[int, Tensor] = {}
-    for i in sorted(set(layers) | ({-1} if lm_head is not None else set())):
-        key = "final" if i == -1 else f"hidden_states.{i}"
-        ref = rows[0][key]
-        hidden[i] = ref.new_zeros(B, T, ref.shape[-1])  # (B, T, H)
-    for b, r in enumerate(rows):
-        n = int(r["input_ids"].numel())
-        ids[b, :n], attn[b, :n], loss_mask[b, :n] = r["input_ids"], 1, r["loss_mask"]
-        for i, h in hidden.items():
-            h[b, :n] = r["final" if i == -1 else f"hidden_states.{i}"]
-    logits = None
-    if lm_head is not None:
-        device = lm_head.weight.device
-        hidden = {i: h.to(device) for i, h in hidden.items()}
-        with torch.no_grad():
-            logits = lm_head(hidden[-1].to(lm_head.weight.dtype))  # (B, T, V)
-        ids, attn, loss_mask = ids.to(device), attn.to(device), loss_mask.to(device)
-    return TargetBatch(input_ids=ids, attention_mask=attn, loss_mask=loss_mask, hidden=hidden, logits=logits)
+    """Offline route for a list of ``FeatureStore`` rows (``store[i]``) -> the ``TargetBatch``
+    online training builds: ``collate_features`` + ``stored_batch``, as ``headway train
+    features=DIR`` does. Layer -1 reads ``final``; the logits are the target's ``lm_head`` on
+    ``final`` in float32 (so EAGLE-3 features need ``final`` besides the aux layers)."""
+    keys = stored_keys(layers, lm_head is not None)
+    batch = collate_features([{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"],
+                               "features": {k: r[k] for k in keys}} for r in rows], pad_id)
+    ref = lm_head.weight if lm_head is not None else batch["features"][keys[0]]
+    return stored_batch(batch, layers, lm_head_logits(lm_head) if lm_head is not None else None, ref.device,
+                        ref.dtype)
 
 
 TASKS["eagle1"] = Eagle1Task

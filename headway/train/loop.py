@@ -3,25 +3,32 @@
 The frozen target is moved to the device and never wrapped; only the trainable module
 (heads, plus the target's LoRA for Medusa-2), optimiser, scheduler and training dataloader
 go through ``accelerator.prepare``. What differs per head kind is a ``Task`` (tasks.py).
+
+Rows come from a distilled Arrow dataset (``data``: the target runs each step) or from a
+``headway features`` folder (``features``: offline, the stored states are read memory-mapped
+and padded in the DataLoader; only the target's lm_head runs, for logits). Both routes give
+the task the same ``TargetBatch`` and hold out the same seeded rows.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import to_dict
 from ..errors import HeadwayError
-from .batch import collate, target_batch
+from .batch import TargetBatch, collate, collate_features, lm_head_logits, stored_batch, stored_keys, target_batch
 from .checkpoints import read_state, resolve_resume, save_checkpoint
 from .config import OptimConfig, TrainConfig
 from .losses import IGNORE_INDEX, medusa_labels
@@ -58,11 +65,14 @@ class EpochView(Dataset):
 
 def check_data_paths(cfg: TrainConfig) -> None:
     """Fail before loading a (possibly large) target when the data is not there."""
-    if not cfg.data:
-        raise TrainError("no training data: set data=PATH to a distilled dataset (headway distill makes one)")
+    if not cfg.data and not cfg.features:
+        raise TrainError("no training data: set data=PATH to a distilled dataset (headway distill makes one) "
+                         "or features=DIR (headway features makes one)")
     for what, path in (("training data", cfg.data), ("eval data", cfg.eval_data)):
         if path and not Path(path).expanduser().exists():
             raise TrainError(f"{what} not found: {path}")
+    if cfg.features or cfg.eval_features:
+        check_features_config(cfg)
 
 
 def load_rows(path: str) -> Any:
@@ -71,14 +81,205 @@ def load_rows(path: str) -> Any:
     return load_distilled(path).select_columns(["input_ids", "loss_mask"])
 
 
-def split_data(cfg: TrainConfig) -> tuple[Any, Any | None]:
-    rows = load_rows(cfg.data)
+class FeatureRows(Dataset):
+    """Offline rows: those of a ``FeatureStore`` (memory-mapped shards), or a subset in a given
+    order, reading only ``keys`` and at most ``max_length`` tokens of each row."""
+
+    def __init__(self, store: Any, keys: Sequence[str], max_length: int | None = None,
+                 indices: list[int] | None = None) -> None:
+        self.store, self.keys, self.max_length = store, list(keys), max_length
+        self.indices = list(range(len(store))) if indices is None else indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.store.row(self.indices[i], self.keys, self.max_length)
+
+    def select(self, indices: Sequence[int]) -> "FeatureRows":
+        return FeatureRows(self.store, self.keys, self.max_length, [self.indices[i] for i in indices])
+
+
+def split_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list[int] | None]:
+    """(train, held-out) row indices: ``round(fraction * n)`` rows (at least 1) held out by the
+    seeded rule of datasets' ``train_test_split``, so Arrow rows and feature rows of the same
+    data hold out the same rows. (0..n-1, None) when nothing is held out."""
+    if fraction <= 0 or n < 2:
+        return list(range(n)), None
+    n_test = max(1, round(fraction * n))
+    perm = np.random.default_rng(seed).permutation(n)  # (n,)
+    return perm[n_test:].tolist(), perm[:n_test].tolist()
+
+
+def split_data(cfg: TrainConfig, keys: Sequence[str] | None = None) -> tuple[Any, Any | None]:
+    """Training and held-out rows: Arrow rows of ``data``, or (offline) ``FeatureRows`` of
+    ``features`` reading ``keys``; held out: eval_features, eval_data, or an eval_fraction split."""
+    from ..data.features import FeatureStore
+
+    def feature_rows(path: str) -> FeatureRows:
+        store = FeatureStore(path)
+        return FeatureRows(store, store.keys if keys is None else keys, cfg.max_length)
+
+    rows = feature_rows(cfg.features) if cfg.features else load_rows(cfg.data)
+    if cfg.eval_features:
+        return rows, feature_rows(cfg.eval_features)
     if cfg.eval_data:
         return rows, load_rows(cfg.eval_data)
-    if cfg.eval_fraction <= 0 or len(rows) < 2:
+    train_idx, eval_idx = split_indices(len(rows), cfg.eval_fraction, cfg.seed)
+    if eval_idx is None:
         return rows, None
-    parts = rows.train_test_split(test_size=max(1, round(cfg.eval_fraction * len(rows))), seed=cfg.seed)
-    return parts["train"], parts["test"]
+    return rows.select(train_idx), rows.select(eval_idx)
+
+
+def collate_fn(rows: Any, pad_id: int, max_length: int | None) -> Callable[[list[dict[str, Any]]], dict[str, Any]]:
+    """The DataLoader's collate for these rows: stored features are padded there too."""
+    fn = collate_features if isinstance(rows, FeatureRows) else collate
+    return functools.partial(fn, pad_id=pad_id, max_length=max_length)
+
+
+# -- offline features: checks before training ------------------------------------------------
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def check_features_config(cfg: TrainConfig) -> None:
+    """Before the target loads: a kind that can train on features, finished folders, and ``data``
+    (if given) being the features' dataset (EAGLE-3's draft vocabulary is counted on it)."""
+    if cfg.kind == "medusa2":
+        raise TrainError("kind medusa2 adapts the target while training, so its hidden states cannot come from "
+                         "stored features; drop features= (or train kind=medusa on them)")
+    if cfg.eval_features and not cfg.features:
+        raise TrainError("eval_features is for offline training: set features=DIR too (or use eval_data)")
+    for key in ("features", "eval_features"):
+        if getattr(cfg, key):
+            features_manifest(key, getattr(cfg, key), cfg.kind)
+    settings = features_manifest("features", cfg.features)["settings"]
+    dataset = settings["dataset"]
+    if cfg.data and not same_dataset(cfg.data, settings):
+        raise TrainError(f"data={cfg.data} but features {cfg.features} were made from {dataset}; leave data empty "
+                         "(the features' dataset is used) or make features of this data")
+    if cfg.kind == "eagle3" and cfg.eagle.draft_vocab_size and not Path(dataset).expanduser().exists():
+        raise TrainError(f"EAGLE-3's draft vocabulary is counted on the features' dataset {dataset}, which is not "
+                         "there; set data=PATH to a copy of it")
+
+
+def features_manifest(key: str, path: str, kind: str = "") -> dict[str, Any]:
+    """The manifest of a finished features folder, or a one-line error with the command that makes it."""
+    from ..data.errors import DataError
+    from ..data.features import SUFFIX, features_command, read_features_manifest
+    from ..data.shards import complete_shards, shard_ranges
+
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise TrainError(f"{key} folder not found: {path}")
+    if (folder / "state.json").is_file():
+        layers = "eagle3 final" if kind == "eagle3" else "final"
+        raise TrainError(f"{key}={path} is a dataset, not a features folder: use data={path}, or store its "
+                         f"features with: headway features {path} --layers {layers} --output runs/features")
+    try:
+        manifest = read_features_manifest(folder)
+    except DataError as e:
+        raise TrainError(f"{key}: {e}") from None
+    if not manifest.get("complete"):
+        settings = manifest["settings"]
+        n = len(shard_ranges(settings["rows"], settings["shard_size"]))
+        raise TrainError(f"{key} folder {path} is unfinished ({len(complete_shards(folder, SUFFIX))} of {n} shards); "
+                         f"finish it with: {features_command(settings, path)}")
+    return manifest
+
+
+def features_dataset(cfg: TrainConfig) -> str:
+    """The distilled dataset ``features`` were made from (recorded in their manifest)."""
+    return features_manifest("features", cfg.features)["settings"]["dataset"]
+
+
+def same_dataset(data: str, settings: dict[str, Any]) -> bool:
+    """``data`` is the dataset features were made from: the same folder, or a copy of it (same state.json)."""
+    from ..data.shards import digest
+
+    path = Path(data).expanduser()
+    if path.resolve() == Path(settings["dataset"]).expanduser().resolve():
+        return True
+    state = path / "state.json"
+    return state.is_file() and digest(state.read_text()) == settings.get("dataset_state")
+
+
+def target_names(name: str) -> set[str]:
+    """A target's spellings: as given, and as an absolute folder when it is one."""
+    path = Path(name).expanduser()
+    return {name, str(path.resolve())} if name and path.exists() else {name}
+
+
+def check_features_target(key: str, path: str, target: nn.Module, cfg: TrainConfig) -> None:
+    """Refuse features of another target: a shape field naming both values, or another model."""
+    from ..data.features import features_command
+    from ..target import TargetInfo
+
+    manifest = features_manifest(key, path)
+    stored, now = manifest["target"], TargetInfo.of(target, cfg.target)
+    remake = features_command({**manifest["settings"], "target": cfg.target}, fresh_output(path, "retarget"),
+                              wanted_layers(cfg, target))
+    for name in ("hidden_size", "vocab_size", "num_hidden_layers"):
+        if stored[name] != getattr(now, name):
+            raise TrainError(f"{key} {path} are of a target with {name}={stored[name]}, but this run's target "
+                             f"({cfg.target}) has {name}={getattr(now, name)}; make features of it with: {remake}")
+    ours = target_names(cfg.target) | target_names(str(getattr(target.config, "_name_or_path", "") or ""))
+    if not target_names(stored["name_or_path"]) & ours:
+        raise TrainError(f"{key} {path} were made by target '{stored['name_or_path']}', but this run's target is "
+                         f"'{cfg.target}'; set target={stored['name_or_path']} or make features with: {remake}")
+    if manifest["settings"].get("adapter"):
+        raise TrainError(f"{key} {path} were made with the adapter {manifest['settings']['adapter']} merged into the "
+                         f"target, which training does not load; make features without it: {remake}")
+
+
+def wanted_layers(cfg: TrainConfig, target: nn.Module) -> list[str]:
+    """The ``--layers`` of ``headway features`` this kind trains on (the lm_head reads ``final``)."""
+    if cfg.kind != "eagle3":
+        return ["final"]
+    from ..heads import default_aux_layers
+
+    return [*map(str, cfg.eagle.aux_layers or default_aux_layers(int(target.config.num_hidden_layers))), "final"]
+
+
+def check_features_keys(key: str, path: str, keys: Sequence[str], cfg: TrainConfig) -> None:
+    """Refuse features that lack a layer the task reads, with the command that stores them all."""
+    from ..data.features import features_command
+
+    manifest = features_manifest(key, path)
+    missing = [k for k in keys if k not in manifest["keys"]]
+    if missing:
+        layers = [k.removeprefix("hidden_states.") for k in keys]
+        cmd = features_command({**manifest["settings"], "target": cfg.target}, fresh_output(path, cfg.kind), layers)
+        why = " (the lm_head reads it for the soft labels)" if missing == ["final"] and cfg.kind != "medusa" else ""
+        raise TrainError(f"{key} {path} lack {', '.join(missing)}{why} that kind {cfg.kind} reads (stored: "
+                         f"{', '.join(manifest['keys'])}); make them with: {cmd}")
+
+
+def check_plain_lm_head(target: nn.Module) -> None:
+    """Offline logits are ``lm_head(final)``; refuse a target whose forward changes them further."""
+    config = target.config.get_text_config()
+    for name in LOGIT_TRANSFORMS:
+        value = getattr(config, name, None)
+        if value not in (None, 0, 1, 0.0, 1.0):
+            raise TrainError(f"this target's forward applies {name}={value} to its logits, which offline training "
+                             "does not reproduce from stored features; train online (drop features=)")
+
+
+def fresh_output(path: str, tag: str) -> str:
+    return f"{str(path).rstrip('/')}-{tag}"
+
+
+def features_folders(cfg: TrainConfig) -> list[tuple[str, str]]:
+    """(config key, folder) of the features this run reads."""
+    return [(key, getattr(cfg, key)) for key in ("features", "eval_features") if getattr(cfg, key)]
+
+
+def check_features_layers(cfg: TrainConfig, target: nn.Module, keys: Sequence[str], need_logits: bool) -> None:
+    """Once the heads say which layers they read: every folder stores them, and the lm_head alone
+    gives the target's logits."""
+    for key, path in features_folders(cfg):
+        check_features_keys(key, path, keys, cfg)
+    if need_logits:
+        check_plain_lm_head(target)
 
 
 # -- the trained module ----------------------------------------------------------------------
@@ -87,7 +288,7 @@ class TrainModule(nn.Module):
     runs the target and the task's loss, so DDP sees one forward per backward. A frozen target
     is held outside the module tree: never DDP-wrapped, never saved."""
 
-    def __init__(self, task: Task, heads: nn.Module, target: nn.Module, adapted: bool) -> None:
+    def __init__(self, task: Task, heads: nn.Module, target: nn.Module, adapted: bool, offline: bool = False) -> None:
         super().__init__()
         self.task, self.heads = task, heads
         if adapted:
@@ -96,19 +297,31 @@ class TrainModule(nn.Module):
             object.__setattr__(self, "frozen_target", target)
         self.adapted = adapted
         self.layers = task.feature_layers(heads)
+        self.stored_logits: Callable[[Tensor], Tensor] | None = None
+        if offline:  # stored states go where online ones live, in the target's dtype
+            head = target.get_output_embeddings()
+            self.stored_device, self.stored_dtype = head.weight.device, head.weight.dtype
+            if task.needs_logits():  # the target's lm_head on the stored final state, in float32 (made once)
+                self.stored_logits = lm_head_logits(head)
 
     def run_target(self) -> nn.Module:
         return self.target if self.adapted else self.frozen_target
 
-    def forward(self, batch: dict[str, Tensor], step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        tb = target_batch(self.run_target(), batch, self.layers, self.task.needs_logits(),
-                          need_ref=self.adapted, grad=self.adapted)
+    def target_batch(self, batch: dict[str, Any], need_logits: bool, grad: bool = False) -> TargetBatch:
+        """Online: one target forward. Offline (a ``collate_features`` batch): the stored states,
+        and the lm_head on ``final`` when logits are needed; the decoder never runs."""
+        if "features" in batch:
+            return stored_batch(batch, self.layers, self.stored_logits if need_logits else None,
+                                self.stored_device, self.stored_dtype)
+        return target_batch(self.run_target(), batch, self.layers, need_logits, need_ref=self.adapted, grad=grad)
+
+    def forward(self, batch: dict[str, Any], step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        tb = self.target_batch(batch, self.task.needs_logits(), grad=self.adapted)
         return self.task.loss(self.heads, tb, step)
 
     @torch.no_grad()
-    def evaluate(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        need_logits = self.task.needs_logits() or self.adapted
-        tb = target_batch(self.run_target(), batch, self.layers, need_logits, need_ref=self.adapted)
+    def evaluate(self, batch: dict[str, Any]) -> dict[str, Tensor]:
+        tb = self.target_batch(batch, self.task.needs_logits() or self.adapted)
         stats = self.task.eval_stats(self.heads, tb)
         if self.adapted:  # what adapting cost the target: its held-out LM loss with and without the adapter
             stats.update(target_lm_stats(tb.logits, tb.ref_logits, tb.input_ids, tb.loss_mask))
@@ -185,7 +398,8 @@ def trainable_only_hook(models: list[nn.Module], weights: list[dict[str, Tensor]
             del w[k]
 
 
-RUN_KEYS = ("kind", "target", "data", "seed", "max_steps", "epochs", "max_length", "optim", "medusa", "lora", "eagle")
+RUN_KEYS = ("kind", "target", "data", "features", "seed", "max_steps", "epochs", "max_length", "optim", "medusa",
+            "lora", "eagle")
 
 
 def run_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
@@ -278,7 +492,7 @@ def eval_loader(rows: Any, cfg: TrainConfig, accelerator: Any, pad_id: int) -> D
                          "processes; raise eval_fraction or give eval_data")
     idx = list(range(accelerator.process_index, len(rows), accelerator.num_processes))
     return DataLoader(rows.select(idx), batch_size=cfg.batch_size, shuffle=False,
-                      collate_fn=lambda b: collate(b, pad_id, cfg.max_length))
+                      collate_fn=collate_fn(rows, pad_id, cfg.max_length))
 
 
 def evaluate(module: TrainModule, loader: DataLoader, accelerator: Any, cfg: TrainConfig) -> dict[str, Any]:
@@ -356,15 +570,22 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
     out = Path(cfg.output_dir)
     set_seed(cfg.seed)
     check_data_paths(cfg)
-    train_rows, eval_rows = split_data(cfg)
+    if cfg.features and not cfg.data:  # EAGLE-3's draft vocabulary is counted on the features' dataset
+        cfg = replace(cfg, data=features_dataset(cfg))
     target.to(accelerator.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
 
     task: Task = TASKS[cfg.kind](cfg)
+    for key, path in features_folders(cfg):  # before heads are sized from the target
+        check_features_target(key, path, target, cfg)
     heads = task.build(target)
     model = task.adapt_target(target)
     adapted = model is not target
-    module = TrainModule(task, heads, model, adapted)
+    keys = stored_keys(task.feature_layers(heads), task.needs_logits())
+    if cfg.features:
+        check_features_layers(cfg, target, keys, task.needs_logits())
+    train_rows, eval_rows = split_data(cfg, keys)
+    module = TrainModule(task, heads, model, adapted, offline=bool(cfg.features))
     module.train()
     if not adapted:
         target.eval()
@@ -374,7 +595,8 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
     global_batch = cfg.batch_size * world * cfg.grad_accum
     epochs = max(1, math.ceil((steps * global_batch + cfg.batch_size * world) / len(train_rows)))
     loader = DataLoader(EpochView(train_rows, cfg.seed, epochs), batch_size=cfg.batch_size, shuffle=False,
-                        collate_fn=lambda b: collate(b, pad_id, cfg.max_length), num_workers=cfg.num_workers)
+                        collate_fn=collate_fn(train_rows, pad_id, cfg.max_length), num_workers=cfg.num_workers,
+                        pin_memory=bool(cfg.features) and accelerator.device.type == "cuda")  # stored states: copy fast
     optimizer = make_optimizer(task.param_groups(heads, model), cfg.optim)
     scheduler = make_scheduler(optimizer, steps, cfg.optim)
     module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
@@ -404,8 +626,9 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
                                   init_kwargs={"wandb": {"dir": str(out), "name": run_name(cfg)}})
     log.write({"event": "start", "step": step, "world_size": world, "total_steps": steps, "global_batch": global_batch,
                "resumed_from": str(resume) if resume else None, "kind": cfg.kind, "train_rows": len(train_rows),
-               "eval_rows": len(eval_rows) if eval_rows is not None else 0},
+               "eval_rows": len(eval_rows) if eval_rows is not None else 0, "features": cfg.features},
               text=f"training {cfg.kind} heads: {steps} steps, global batch {global_batch} on {world} process(es)"
+                   + (f", from stored features {cfg.features}" if cfg.features else "")
                    + (f", resuming at step {step}" if step else ""))
 
     def state() -> dict[str, Any]:
@@ -475,9 +698,9 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
     final = out / "final"
     if accelerator.is_main_process:
         inner.heads.metadata["training"] = {
-            "kind": cfg.kind, "target": cfg.target, "data": str(cfg.data), "train_rows": len(train_rows),
-            "steps": steps, "global_batch": global_batch, "world_size": world, "tokens": tokens_seen,
-            "train_time_s": round(train_time, 2), "tokens_per_s": round(tokens_seen / max(train_time, 1e-9), 1),
+            "kind": cfg.kind, "target": cfg.target, "data": str(cfg.data), "features": cfg.features,
+            "train_rows": len(train_rows), "steps": steps, "global_batch": global_batch, "world_size": world,
+            "tokens": tokens_seen, "train_time_s": round(train_time, 2), "tokens_per_s": round(tokens_seen / max(train_time, 1e-9), 1),
             "final_loss": last_loss, "optim": asdict(cfg.optim), "seed": cfg.seed,
             "options": task_options(cfg)}
         if last_eval is not None:

@@ -4,8 +4,9 @@ The interface (the EAGLE tasks in ``headway/train/eagle.py`` implement the same 
 ---------------------------------------------------------------------------------
 The loop (``headway/train/loop.py``) owns data, the frozen target, accelerate, optimiser,
 schedule, checkpoints, trackers and evaluation. Each step it runs the target once
-(``headway.train.batch.target_batch``) and hands the task a ``TargetBatch``
-(defined in ``headway/train/batch.py``, re-exported here)::
+(``headway.train.batch.target_batch``) -- or, offline (``features=DIR``), reads the stored
+states and applies only the target's lm_head (``stored_batch``) -- and hands the task a
+``TargetBatch`` (defined in ``headway/train/batch.py``, re-exported here)::
 
     @dataclass
     class TargetBatch:              # what the target gives each step (all on the device)
