@@ -153,8 +153,10 @@ def train_heads(target_dir: Path, work: Path, kinds: list[str], steps: int, K: i
             subprocess.run(hw + ["train", f"kind={kind}", f"target={target_dir}", f"data={data}", f"output_dir={out}",
                                  f"max_steps={steps}", "batch_size=8", "progress=false", "save_every=0",
                                  "eval_fraction=0.05", "optim.lr=0.003", "optim.warmup_steps=10",
-                                 f"medusa.num_heads={K}", "eagle.ttt_steps=3",
-                                 f"eagle.draft_vocab_size={min(512, vocab)}"],
+                                 f"medusa.num_heads={K}", "eagle.ttt_steps=3"]
+                           # EAGLE-1 exports drop a draft vocabulary (vLLM drafts over all rows): keep the
+                           # full one here so headway and vLLM draft the same tokens
+                           + ([f"eagle.draft_vocab_size={min(512, vocab)}"] if kind == "eagle3" else []),
                            check=True, env=env)
             final = [c.parent for c in sorted((out / "final").glob("**/config.json"))]
         found += final[:1]

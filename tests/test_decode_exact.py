@@ -10,19 +10,27 @@ from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.testing import ARCHITECTURES, sample_texts, tiny_target
 
 SHAPES = ["chain-4", "mc_sim_7b_63", "dynamic-4-4-12"]
-KINDS = ["medusa", "eagle1", "eagle3"]
+KINDS = ["medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab"]  # -vocab: a reduced draft vocabulary
 
 
-def make_heads(kind, model, seed=1):
+def draft_vocab(model, n=200, seed=5):
+    """n target ids spread over the vocabulary (not a prefix: draft id != target id)."""
+    V = model.get_output_embeddings().weight.shape[0]
+    return torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:n]
+
+
+def make_heads(kind, model, seed=1, vocab=None):
     torch.manual_seed(seed)
-    if kind == "medusa":
-        heads = MedusaHeads.for_target(model, num_heads=4)
+    if kind.endswith("-vocab"):
+        vocab = draft_vocab(model) if vocab is None else vocab
+    if kind.startswith("medusa"):
+        heads = MedusaHeads.for_target(model, num_heads=4, draft_vocab=vocab)
         with torch.no_grad():  # random (not zero) ResBlocks so the heads disagree with each other
             for p in heads.blocks.parameters():
                 p.normal_(0, 0.05)
         return heads
-    if kind == "eagle1":
-        return Eagle1Drafter.for_target(model)
+    if kind.startswith("eagle1"):
+        return Eagle1Drafter.for_target(model, draft_vocab=vocab)
     return Eagle3Drafter.for_target(model, draft_vocab_size=200)
 
 
@@ -134,6 +142,48 @@ def test_oracle_drafts_exercise_acceptance_and_stay_exact(models, arch):
             taus.append(out.stats.tau)
             assert sum(out.stats.accepted_per_depth[:1]) > 0
     assert min(taus) > 1.5  # drafts were really accepted, often several per step
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle1"])
+def test_reduced_vocab_drafts_the_same_trees_as_the_full_vocab(models, kind):
+    """Same weights, and a draft vocabulary holding every token the full-vocabulary heads ever
+    drafted on these prompts (~80 ids left out, so draft ids and target ids differ): rank-based
+    trees must then be identical, so each prompt accepts exactly as many drafts. A wrong draft ->
+    target mapping drafts other tokens and accepts differently."""
+    model, tok = models["llama"]
+    full = make_heads(kind, model)
+    drafted: set[int] = set()
+
+    def recording():
+        proposer = make_proposer(full)
+        to_target = proposer.to_target_ids
+
+        def record(ids):
+            out = to_target(ids)
+            drafted.update(out.flatten().tolist())
+            return out
+
+        proposer.to_target_ids = record
+        return proposer
+
+    spec = Speculator(model, tok, full, tree="mc_sim_7b_63")
+    spec.new_proposer = recording
+    ps = prompts(tok, n=8)
+    ref = [spec.generate(p, max_new_tokens=12) for p in ps]
+    vocab = torch.tensor(sorted(drafted))
+    V = model.config.vocab_size
+    assert 0 < V - vocab.numel() and sum(sum(o.stats.accepted_per_depth) for o in ref) > 0
+    reduced = make_heads(f"{kind}-vocab", model, vocab=vocab)
+    if kind == "medusa":
+        reduced.blocks.load_state_dict(full.blocks.state_dict())
+    else:
+        reduced.load_state_dict({**full.state_dict(), "d2t": reduced.d2t, "t2d": reduced.t2d})
+    assert make_proposer(reduced).draft_vocab_size == vocab.numel()
+    spec = Speculator(model, tok, reduced, tree="mc_sim_7b_63")
+    for p, r in zip(ps, ref):
+        out = spec.generate(p, max_new_tokens=12)
+        assert out.ids == r.ids == reference(model, p, 12)
+        assert out.stats.accepted_per_depth == r.stats.accepted_per_depth, (kind, p)
 
 
 def test_prompt_near_context_limit(models):

@@ -35,16 +35,20 @@ def target():
     return model
 
 
+DRAFT_VOCAB = torch.tensor([1, 2, 3, 5])  # the -vocab kinds draft over these 4 of the 6 tokens
+
+
 def heads_for(kind, model):
     torch.manual_seed(1)
-    if kind == "medusa":
-        h = MedusaHeads.for_target(model, num_heads=3)
+    vocab = DRAFT_VOCAB if kind.endswith("-vocab") else None
+    if kind.startswith("medusa"):
+        h = MedusaHeads.for_target(model, num_heads=3, draft_vocab=vocab)
         with torch.no_grad():
             for p in h.parameters():
                 p.normal_(0, 0.5)
         return h
-    if kind == "eagle1":
-        return Eagle1Drafter.for_target(model)
+    if kind.startswith("eagle1"):
+        return Eagle1Drafter.for_target(model, draft_vocab=vocab)
     h = Eagle3Drafter.for_target(model, draft_vocab_size=4)
     h.set_draft_vocab(torch.tensor([1, 2, 3, 5]))
     return h
@@ -129,8 +133,8 @@ def total_variation(counts, probs, n):
     return 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
 
 
-CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3") for shape in ("chain-3", "mc_sim_7b_63",
-                                                                                  "dynamic-3-3-8")]
+CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab")
+         for shape in ("chain-3", "mc_sim_7b_63", "dynamic-3-3-8")]
 
 
 @pytest.mark.parametrize("kind,shape", CASES)
@@ -278,13 +282,14 @@ def smoothed_heads(kind, model):
     return h
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab"])
 def test_sampled_chain_drafts_match_target(target, kind):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree="chain-3")
     probs = exact_distribution(target, params)
     n = 10_000  # every sample drafts anew, so fewer than the memoised tests above (~40 s each)
-    counts = sampled_chain_samples(spec, params, n, seed={"medusa": 12, "eagle1": 13, "eagle3": 14}[kind])
+    seed = {"medusa": 12, "eagle1": 13, "eagle3": 14, "medusa-vocab": 15, "eagle1-vocab": 16}[kind]
+    counts = sampled_chain_samples(spec, params, n, seed=seed)
     assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
     assert total_variation(counts, probs, n) < 0.06
 

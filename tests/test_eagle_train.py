@@ -71,6 +71,10 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
     assert 1.0 <= ev["tau"] <= 6.0 and ev["positions"] > 0 and len(ev["accept_rate_by_depth"]) == 5
     assert len(ev["top1"]) == 5 and sum(ev["accept_hist"]) == ev["positions"]
     assert "Measured acceptance" in (final / "README.md").read_text()
+    if kind == "eagle1":  # eagle.draft_vocab_size: decode-time rows of the target's lm_head, data not weights
+        assert heads.draft_vocab_size == 128 and torch.equal(heads.d2t, init.d2t) and int(heads.t2d.sum()) == 128
+        assert meta["draft_vocab"]["size"] == 128 and 0 < meta["draft_vocab"]["answer_token_coverage"] <= 1
+        assert heads.logits(torch.randn(1, 2, 64)).shape == (1, 2, 128)  # loaded in eval mode: draft vocabulary
     if kind == "eagle3":
         assert heads.config.draft_vocab_size == 128 and int(heads.t2d.sum()) == 128
         assert torch.equal(heads.d2t, init.d2t)  # the draft vocabulary is data, not trained
@@ -144,6 +148,26 @@ def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task
     online, offline = run("online"), run("offline")
     assert online[-1] != online[0]
     torch.testing.assert_close(torch.tensor(offline), torch.tensor(online), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "medusa"])
+def test_offline_draft_vocab_is_counted_on_the_features_dataset(setup, tmp_path, kind):
+    """features=DIR with data empty: the draft vocabulary comes from the dataset the features were
+    made from, the same ids as online training picks."""
+    from headway.data.features import FeaturesConfig, features
+
+    root, target_dir, data = setup
+    target, tok = load_target(str(target_dir), device="cpu")
+    feats = features(FeaturesConfig(dataset=str(data), output=str(tmp_path / "feat"), layers=["final"],
+                                    store_dtype="float32", target=str(target_dir), batch_size=4, shard_size=16))
+    vocab = {"eagle.draft_vocab_size": 96, "medusa.draft_vocab_size": 96, "medusa.num_heads": 2}
+    online = fit(config(setup, tmp_path / "online", kind, max_steps=0, **vocab), target, tok)
+    offline = fit(config(setup, tmp_path / "offline", kind, max_steps=2, data="", features=str(feats), **vocab),
+                  target, tok)
+    a, b = load_heads(online, target=target), load_heads(offline, target=target)
+    assert b.draft_vocab_size == 96 and torch.equal(a.d2t, b.d2t) and torch.equal(a.t2d, b.t2d)
+    assert b.metadata["draft_vocab"] == a.metadata["draft_vocab"]
+    assert 1.0 <= b.metadata["eval"]["tau"]
 
 
 def free_port() -> int:

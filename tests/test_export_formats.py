@@ -114,6 +114,36 @@ def test_medusa_trtllm_writes_zero_biases_when_there_are_none(target, tmp_path):
     assert torch.count_nonzero(t["0.0.linear.bias"]) == 0 and "1.0.linear.bias" in t
 
 
+def vocab_ids(n=100, seed=3):
+    return torch.randperm(V, generator=torch.Generator().manual_seed(seed))[:n]
+
+
+def test_medusa_reduced_vocab_is_vllms_truncated_vocab(target, tmp_path):
+    ids = vocab_ids()
+    heads = randomized(MedusaHeads.for_target(target, num_heads=3, num_layers=1, draft_vocab=ids))
+    cfg, t = read(export_heads(save(heads, tmp_path / "h"), "vllm", tmp_path / "out"))
+    assert (cfg["vocab_size"], cfg["truncated_vocab_size"]) == (V, 100)
+    assert [k for k in cfg if "num" in k] == ["num_heads", "num_hidden_layers"]
+    assert t["token_map"].dtype == torch.int64 and torch.equal(t["token_map"], ids.sort().values)
+    assert {k: s for k, s in shapes(t).items() if k.startswith("lm_heads.")} == {f"lm_heads.{h}.weight": (100, H)
+                                                                                 for h in range(3)}
+    assert "d2t" not in t and "t2d" not in t
+    # what vLLM's Medusa.compute_logits does: scatter the head's logits to token_map, -inf elsewhere
+    x = torch.randn(5, H)
+    blocks = [heads.blocks[h](x) for h in range(3)]
+    for h in range(3):
+        full = torch.full((5, V), float("-inf"))
+        full[:, t["token_map"]] = blocks[h] @ t[f"lm_heads.{h}.weight"].T
+        assert torch.equal(full.argmax(-1), heads.to_target_ids(heads(x)[h].argmax(-1)))
+
+
+def test_medusa_reduced_vocab_is_refused_for_trtllm(target, tmp_path):
+    heads = MedusaHeads.for_target(target, num_heads=2, draft_vocab=vocab_ids())
+    with pytest.raises(ExportError, match="reduced vocabulary.*TensorRT-LLM.*--format vllm") as e:
+        export_heads(heads, "trtllm", tmp_path / "out")
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
 # -- EAGLE-1 ---------------------------------------------------------------------------------------
 def eagle1_layer_names(prefix="layers.0."):
     return {prefix + n for n in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -152,6 +182,26 @@ def test_eagle1_sglang_always_has_an_fc_bias(target, tmp_path, fc_bias):
     assert set(t) == {"fc.weight", "fc.bias"} | eagle1_layer_names()
     want = heads.fc.bias if fc_bias else torch.zeros(H)
     assert torch.equal(t["fc.bias"], want)
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "sglang"])
+def test_eagle1_draft_vocab_is_dropped_and_the_export_imports_back(target, tmp_path, fmt):
+    """Engines draft EAGLE-1 over the full vocabulary with the target's lm_head: the export is the
+    full-vocabulary drafter (no d2t / t2d), and reads back as exactly that."""
+    from headway.heads.importers import import_heads
+
+    heads = randomized(Eagle1Drafter.for_target(target, draft_vocab=vocab_ids()))
+    out = export_heads(save(heads, tmp_path / "h"), fmt, tmp_path / "out")
+    cfg, t = read(out)
+    assert cfg["vocab_size"] == V and "draft_vocab_size" not in cfg
+    assert set(t) == {"fc.weight"} | ({"fc.bias"} if fmt == "sglang" else set()) | eagle1_layer_names()
+    assert "Draft vocabulary" in (out / "README.md").read_text()
+    back = import_heads(out, target=target)
+    assert isinstance(back, Eagle1Drafter) and not back.has_draft_vocab
+    sd = back.state_dict()
+    assert all(torch.equal(sd[k], v) for k, v in heads.state_dict().items() if k not in ("d2t", "t2d", "fc.bias"))
+    h = torch.randn(2, 3, H)
+    torch.testing.assert_close(back.eval().logits(h), heads.eval().full_logits(h))
 
 
 # -- EAGLE-3 ---------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.y*ml"
 PREFIXES = {
     "demo-target": "headway.demo_target:TargetBuildConfig",
     "distill-": "headway.data.distill:DistillConfig",
+    "features-": "headway.data.features:FeaturesConfig",
 }
 TRAIN = "headway.train.config:TrainConfig"
 

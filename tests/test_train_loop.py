@@ -72,6 +72,31 @@ def test_medusa_trains_heads_and_leaves_target_bit_identical(setup, tmp_path, ow
     assert '"kl"' in log and '"tokens_per_s"' in log and '"eval"' in log
 
 
+@pytest.mark.parametrize("kind", ["medusa", "medusa2"])
+def test_medusa_with_a_draft_vocab_trains_and_decodes_exactly(setup, tmp_path, kind):
+    """medusa.draft_vocab_size: N-row lm_heads, coverage in the metadata and the eval, KL over the
+    draft vocabulary, and the trained heads decode to the target's own greedy output."""
+    from headway.decode import Speculator
+
+    target, tok = load_target(str(setup[1]), device="cpu")
+    extra = {"lora.r": 4, "max_steps": 3} if kind == "medusa2" else {}
+    final = fit(config(setup, tmp_path, kind=kind, **{"medusa.draft_vocab_size": 128, "medusa.kl_weight": 0.5},
+                       **extra), target, tok)
+    if kind == "medusa2":
+        target, _ = load_target(str(setup[1]), device="cpu", adapter=str(adapter_path(final)))
+    heads = load_heads(final, target=target)
+    assert heads.config.draft_vocab_size == 128 and int(heads.t2d.sum()) == 128
+    assert all(lm.weight.shape == (128, 64) for lm in heads.lm_heads)
+    meta = heads.metadata
+    assert meta["draft_vocab"]["size"] == 128 and 0 < meta["draft_vocab"]["answer_token_coverage"] < 1
+    assert 0 < meta["eval"]["draft_vocab_coverage"] <= 1 and 1.0 <= meta["eval"]["tau"] <= 4.0
+    assert '"kl"' in (tmp_path / "log.jsonl").read_text()
+    ids = torch.tensor([[5, 17, 33, 80]])
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+                          pad_token_id=2)[0, 4:].tolist()
+    assert Speculator(target, tok, heads, tree="mc_sim_7b_63").generate(ids, max_new_tokens=10).ids == ref
+
+
 def test_loss_goes_down_on_learnable_data(setup, tmp_path):
     out = tmp_path / "run"
     train(config(setup, out, max_steps=30, log_every=5, **{"optim.lr": 1e-2}))

@@ -21,14 +21,15 @@ def hidden_index(layer: int, num_layers: int) -> int:
 
 
 class MedusaProposer:
-    """Head k's top-k at depth k+1, independent of the parent token: drafting costs one call."""
+    """Head k's top-k at depth k+1, independent of the parent token: drafting costs one call.
+    Log-probs are over the heads' draft vocabulary (Vd; the full V without one)."""
 
     def __init__(self, heads: MedusaHeads) -> None:
         self.heads = heads
         self.max_depth = heads.config.num_heads
-        self.draft_vocab_size = heads.config.vocab_size
+        self.draft_vocab_size = heads.draft_vocab_size
         self.feature_layers = [-1]
-        self.logp: torch.Tensor | None = None  # (K, V)
+        self.logp: torch.Tensor | None = None  # (K, Vd)
 
     def _set(self, final_hidden: torch.Tensor) -> None:
         w = next(self.heads.parameters())
@@ -54,7 +55,7 @@ class MedusaProposer:
         return self.logp[depth].expand(tokens.numel(), -1)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids
+        return self.heads.to_target_ids(draft_ids)
 
 
 class EagleProposer:
@@ -62,13 +63,14 @@ class EagleProposer:
 
     The cache holds one entry per target position whose true features are known: entry t is
     (x_{t+1}, f_t). Tree nodes are appended while drafting and cropped away afterwards; the next
-    step's catch-up feeds the accepted positions with the target's real features.
+    step's catch-up feeds the accepted positions with the target's real features. Log-probs are
+    over the drafter's draft vocabulary (``draft_logits``, whatever the module's train/eval mode).
     """
 
     def __init__(self, drafter: Eagle1Drafter | Eagle3Drafter, max_depth: int | None = None) -> None:
         self.drafter = drafter
         self.max_depth = max_depth
-        self.draft_vocab_size = getattr(drafter.config, "draft_vocab_size", drafter.config.vocab_size)
+        self.draft_vocab_size = drafter.draft_vocab_size
         self.feature_layers = list(drafter.feature_layers)
         self.cache = DraftCache()
         self.base = 0  # cache length before the tree = position of the tree root
@@ -84,7 +86,7 @@ class EagleProposer:
         out = d(tokens, d.fuse(features), pos, mask, self.cache)
         self.base = start + m
         self.root_out = out[0, -1:]  # (1, H): the root's output feeds the depth-1 nodes
-        self.root_lp = F.log_softmax(d.logits(out[:, -1:])[0, 0].float(), dim=-1)
+        self.root_lp = F.log_softmax(d.draft_logits(out[:, -1:])[0, 0].float(), dim=-1)  # (Vd,)
 
     def prefill(self, input_ids: torch.Tensor, features: list[torch.Tensor], first_token: torch.Tensor) -> None:
         self.cache = DraftCache()
@@ -125,7 +127,7 @@ class EagleProposer:
         hidden = self.prev_out[parent_rows][None]  # (1, n, H)
         out = d(tokens[None], hidden, pos, mask, self.cache)[0]  # (n, H)
         self.prev_vis, self.prev_out, self.prev_full = vis, out, full  # rows of the next call: ancestors now include these slots
-        return F.log_softmax(d.logits(out[None])[0].float(), dim=-1)
+        return F.log_softmax(d.draft_logits(out[None])[0].float(), dim=-1)  # (n, Vd)
 
     def end_tree(self) -> None:
         self.cache.crop(self.base)
@@ -136,7 +138,7 @@ class EagleProposer:
         return twin
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.drafter.to_target_ids(draft_ids)
+        return self.drafter.draft_to_target_ids(draft_ids)
 
 
 def make_proposer(heads: HeadsBase, max_depth: int | None = None) -> MedusaProposer | EagleProposer:

@@ -130,6 +130,56 @@ class HeadsBase(nn.Module):
             return push_folder(Path(d) / "heads", repo_id, private=private, revision=revision, token=token)
 
 
+class DraftVocab:
+    """A reduced draft vocabulary on an ``nn.Module``: buffers ``d2t`` (Vd,) int64 (draft id i is
+    target id ``i + d2t[i]``) and ``t2d`` (V,) bool (which target ids are in it), EAGLE-3's format.
+
+    Modules without the buffers (``has_draft_vocab`` false) draft over the full target vocabulary:
+    draft id == target id. Draft ids are ordered by target id (``set_draft_vocab`` sorts)."""
+
+    def _init_draft_vocab(self, draft_vocab_size: int, vocab_size: int) -> None:
+        """Identity draft vocabulary (draft id i is target id i) until ``set_draft_vocab``."""
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.long))  # (Vd,)
+        t2d = torch.zeros(vocab_size, dtype=torch.bool)  # (V,)
+        t2d[:draft_vocab_size] = True
+        self.register_buffer("t2d", t2d)
+
+    @property
+    def has_draft_vocab(self) -> bool:
+        return "d2t" in self._buffers
+
+    def set_draft_vocab(self, draft_to_target: torch.Tensor) -> None:
+        """Use the given target ids (ascending) as the draft vocabulary; fills d2t / t2d."""
+        ids = torch.as_tensor(draft_to_target, dtype=torch.long).sort().values.to(self.d2t.device)
+        if ids.numel() != self.d2t.numel():
+            raise HeadsError(f"draft vocabulary has {ids.numel()} ids, config says {self.d2t.numel()}")
+        if ids.unique().numel() != ids.numel() or ids.min() < 0 or ids.max() >= self.t2d.numel():
+            raise HeadsError("draft vocabulary ids must be distinct target ids")
+        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_token_ids(self) -> torch.Tensor:
+        """(Vd,) the target id of each draft id."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids (any shape) -> target ids (same shape); identity without a draft vocabulary."""
+        if not self.has_draft_vocab:
+            return draft_ids
+        return draft_ids + self.d2t[draft_ids]
+
+    def to_draft_ids(self, target_ids: torch.Tensor, missing: int = -1) -> torch.Tensor:
+        """Target ids (any shape; negative = none) -> draft ids, ``missing`` where the id is not in
+        the draft vocabulary (or negative); identity without a draft vocabulary."""
+        if not self.has_draft_vocab:
+            return target_ids
+        lookup = torch.full((self.t2d.numel(),), missing, dtype=torch.long, device=self.d2t.device)  # (V,)
+        lookup[self.draft_token_ids()] = torch.arange(self.d2t.numel(), device=self.d2t.device)
+        ids = target_ids.to(lookup.device)
+        return torch.where(ids >= 0, lookup[ids.clamp(min=0)], torch.full_like(ids, missing))
+
+
 def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None) -> Path:
     """A local folder, or a Hub repo id resolved through huggingface_hub (the cache works offline)."""
     p = Path(name_or_path).expanduser()

@@ -16,6 +16,10 @@ Engine facts these functions rely on, read from the engines' sources (vLLM 0.32.
   model lacks are ignored; every top-level config key containing "num" and "heads" (or "layers")
   is renamed to ``num_heads`` (``num_hidden_layers``), so no other such key may be written.
   ``num_hidden_layers`` is the number of ResBlocks per head. One ``lm_heads.{h}`` per head.
+  A reduced vocabulary: config ``truncated_vocab_size`` N < ``vocab_size`` plus a ``token_map``
+  tensor (N,) of target ids (draft id i -> ``token_map[i]``; the head's logits are scattered there,
+  -inf elsewhere); ``lm_heads.{h}.weight`` then has N rows (it is sliced by ``token_map`` only when
+  it has more). Without ``token_map`` vLLM asserts N == vocab_size.
 - **vLLM EAGLE-1** (``models/llama_eagle.py``): ``fc`` is ``Linear(2H, H, bias=False)``; layer 0
   has no ``input_layernorm``; ``embed_tokens`` and ``lm_head`` come from the target when absent.
 - **SGLang EAGLE-1** (``LlamaForCausalLMEagle``): ``fc`` is ``nn.Linear(2H, H)`` *with* a bias,
@@ -35,7 +39,8 @@ Engine facts these functions rely on, read from the engines' sources (vLLM 0.32.
   ``{h}.{l}.linear.weight``, ``{h}.{l}.linear.bias`` (read unconditionally: zeros are written
   when the heads have no bias) and ``{h}.{L}.weight`` (the head's vocab projection). Its
   ``--num_medusa_heads`` defaults to 4 and wins over the config: pass it explicitly. The target
-  itself is converted by TensorRT-LLM (``--model_dir``), not here.
+  itself is converted by TensorRT-LLM (``--model_dir``), not here. It has no reduced draft
+  vocabulary (each projection is vocab_size rows): heads with one are refused.
 """
 
 from __future__ import annotations
@@ -81,14 +86,16 @@ class Export:
 
 # -- spec tables: what each engine expects, as a function of the config we write -----------------
 def medusa_vllm_spec(c: dict[str, Any]) -> Spec:
-    K, L, H, V = c["num_heads"], c["num_hidden_layers"], c["hidden_size"], c["vocab_size"]
+    K, L, H, V, N = c["num_heads"], c["num_hidden_layers"], c["hidden_size"], c["vocab_size"], c["truncated_vocab_size"]
     spec: Spec = {}
     for h in range(K):
         for l in range(L):
             spec[f"blocks.{h}.layers.{l}.weight"] = ((H, H), None)
             if c["medusa_fc_bias"]:
                 spec[f"blocks.{h}.layers.{l}.bias"] = ((H,), None)
-        spec[f"lm_heads.{h}.weight"] = ((V, H), None)
+        spec[f"lm_heads.{h}.weight"] = ((N, H), None)
+    if N < V:
+        spec["token_map"] = ((N,), torch.int64)
     return spec
 
 
@@ -199,13 +206,15 @@ def _per_head_lm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch
 
 def medusa_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
                 dtype: str) -> Export:
-    K, L = cfg["num_heads"], cfg["num_layers"]
+    K, L, V = cfg["num_heads"], cfg["num_layers"], cfg["vocab_size"]
+    N = cfg.get("draft_vocab_size") or V
     tensors = {k: v for k, v in t.items() if k.startswith("blocks.")}
     tensors |= {f"lm_heads.{h}.weight": w for h, w in enumerate(_per_head_lm(cfg, t, lm_head, "vLLM"))}
+    if N < V:  # vLLM's truncated vocabulary: token_map[i] = the target id of draft id i
+        tensors["token_map"] = torch.arange(N, dtype=torch.int64) + t["d2t"].to(torch.int64)
     config = {"model_type": "medusa", "architectures": ["MedusaModel"], "num_heads": K, "num_hidden_layers": L,
-              "hidden_size": cfg["hidden_size"], "vocab_size": cfg["vocab_size"],
-              "truncated_vocab_size": cfg["vocab_size"], "medusa_fc_bias": bool(cfg["bias"]), "torch_dtype": dtype,
-              "headway": _provenance(cfg, "vllm")}
+              "hidden_size": cfg["hidden_size"], "vocab_size": V, "truncated_vocab_size": N,
+              "medusa_fc_bias": bool(cfg["bias"]), "torch_dtype": dtype, "headway": _provenance(cfg, "vllm")}
     notes = ["vLLM: `LLM(model=TARGET, speculative_config={\"method\": \"medusa\", \"model\": THIS_FOLDER, "
              f"\"num_speculative_tokens\": {K}}})`"]
     return Export(config, tensors, medusa_vllm_spec(config), notes=notes)
@@ -214,6 +223,10 @@ def medusa_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.
 def medusa_trtllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
                   dtype: str) -> Export:
     K, L, H = cfg["num_heads"], cfg["num_layers"], cfg["hidden_size"]
+    if cfg.get("draft_vocab_size") is not None and cfg["draft_vocab_size"] < cfg["vocab_size"]:
+        raise ExportError(f"these Medusa heads draft over a reduced vocabulary ({cfg['draft_vocab_size']} of "
+                          f"{cfg['vocab_size']} tokens), which TensorRT-LLM's Medusa cannot load (its projections "
+                          "cover the full vocabulary); export --format vllm (truncated_vocab_size + token_map)")
     tensors: dict[str, torch.Tensor] = {}
     for h, w in enumerate(_per_head_lm(cfg, t, lm_head, "TensorRT-LLM")):
         for l in range(L):
@@ -231,6 +244,13 @@ def medusa_trtllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torc
     return Export(config, tensors, medusa_trtllm_spec(config), "medusa_lm_head.safetensors", notes)
 
 
+def eagle1_tensors(t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """EAGLE-1's tensors for an engine. The engines share the target's lm_head and draft over the
+    full vocabulary, so a draft vocabulary (d2t / t2d, used only by headway's decoder to slice
+    that lm_head) is dropped: the export drafts exactly as the full-vocabulary drafter does."""
+    return {k: v for k, v in t.items() if k not in ("d2t", "t2d")}
+
+
 def eagle1_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
                 dtype: str) -> Export:
     if cfg["fc_bias"]:
@@ -240,18 +260,26 @@ def eagle1_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.
     config = llama_config(cfg, "EagleLlamaForCausalLM", dtype) | {"headway": _provenance(cfg, "vllm")}
     notes = ["vLLM: `LLM(model=TARGET, speculative_config={\"method\": \"eagle\", \"model\": THIS_FOLDER, "
              "\"num_speculative_tokens\": 4})` (embed_tokens and lm_head are shared with the target)"]
-    return Export(config, dict(t), eagle1_spec(config, fc_bias=False), notes=notes)
+    return Export(config, eagle1_tensors(t), eagle1_spec(config, fc_bias=False), notes=notes + _full_vocab_note(cfg))
 
 
 def eagle1_sglang(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
                   dtype: str) -> Export:
-    tensors = dict(t)
+    tensors = eagle1_tensors(t)
     tensors.setdefault("fc.bias", torch.zeros(cfg["hidden_size"]))  # SGLang's fc has a bias: zero = none
     config = llama_config(cfg, "LlamaForCausalLMEagle", dtype) | {"headway": _provenance(cfg, "sglang")}
     notes = ["SGLang: `python -m sglang.launch_server --model TARGET --speculative-algorithm EAGLE "
              "--speculative-draft-model-path THIS_FOLDER --speculative-num-steps 4 --speculative-eagle-topk 1 "
              "--speculative-num-draft-tokens 5`"]
-    return Export(config, tensors, eagle1_spec(config, fc_bias=True), notes=notes)
+    return Export(config, tensors, eagle1_spec(config, fc_bias=True), notes=notes + _full_vocab_note(cfg))
+
+
+def _full_vocab_note(cfg: dict[str, Any]) -> list[str]:
+    n = cfg.get("draft_vocab_size")
+    if n is None or n >= cfg["vocab_size"]:
+        return []
+    return [f"Draft vocabulary: headway decodes this drafter over {n} of {cfg['vocab_size']} tokens; the engine "
+            "drafts over the full vocabulary with the target's lm_head (same drafter, no vocabulary cut)"]
 
 
 def engine_aux_layers(aux_layers: list[int], num_target_layers: int, engine: str) -> list[int]:

@@ -2,6 +2,9 @@
 
 Head k (0-based) at position t predicts token t + k + 2; the target's own lm_head predicts t + 1.
 Tensor names follow vLLM's Medusa layout (``blocks.{h}.layers.{l}``, ``lm_heads.{h}``).
+
+With ``draft_vocab_size`` N each head's own lm_head has N rows: the heads predict over a reduced
+draft vocabulary (buffers ``d2t`` / ``t2d``, EAGLE-3's format; draft id i is target id i + d2t[i]).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from torch import nn
 
 from ..config import opt
 from ..target import TargetInfo
-from .base import HeadsBase
+from .base import DraftVocab, HeadsBase
 
 
 @dataclass
@@ -26,10 +29,18 @@ class MedusaConfig:
     own_lm_head: bool = opt(True, "each head has its own vocab projection (initialised from the target's "
                                   "lm_head); false shares the target's frozen lm_head")
     bias: bool = opt(True, "ResBlock linear layers have a bias")
+    draft_vocab_size: int | None = opt(None, "rows of each head's own lm_head: a reduced draft vocabulary (d2t / "
+                                             "t2d say which target ids); None = the full target vocabulary")
 
     def __post_init__(self) -> None:
         if self.num_heads < 1 or self.num_layers < 0:
             raise ValueError("num_heads must be >= 1 and num_layers >= 0")
+        if self.draft_vocab_size is not None:
+            if not self.own_lm_head:
+                raise ValueError("draft_vocab_size needs own_lm_head=true (a shared target lm_head covers the "
+                                 "full vocabulary)")
+            if not 0 < self.draft_vocab_size <= self.vocab_size:
+                raise ValueError(f"draft_vocab_size must be in 1..{self.vocab_size}; got {self.draft_vocab_size}")
 
 
 class ResBlock(nn.Module):
@@ -50,33 +61,52 @@ class ResBlock(nn.Module):
         return x
 
 
-class MedusaHeads(HeadsBase):
+class MedusaHeads(DraftVocab, HeadsBase):
     kind = "medusa"
     config_class = MedusaConfig
 
     def __init__(self, config: MedusaConfig, target_info: TargetInfo | None = None) -> None:
         super().__init__(config, target_info)
-        H, V = config.hidden_size, config.vocab_size
+        H = config.hidden_size
         self.blocks = nn.ModuleList(ResBlock(H, config.num_layers, config.bias) for _ in range(config.num_heads))
-        self.lm_heads = nn.ModuleList(nn.Linear(H, V, bias=False) for _ in range(config.num_heads)) \
-            if config.own_lm_head else None
+        self.lm_heads = nn.ModuleList(nn.Linear(H, self.draft_vocab_size, bias=False)
+                                      for _ in range(config.num_heads)) if config.own_lm_head else None
+        if config.draft_vocab_size is not None:  # checkpoints without one keep exactly the old tensors
+            self._init_draft_vocab(config.draft_vocab_size, config.vocab_size)
 
     @classmethod
-    def for_target(cls, target: nn.Module, **kwargs) -> "MedusaHeads":
-        """New heads sized for ``target``; own lm_heads start as copies of the target's."""
+    def for_target(cls, target: nn.Module, draft_vocab: torch.Tensor | None = None, **kwargs) -> "MedusaHeads":
+        """New heads sized for ``target``; own lm_heads start as copies of the target's rows (of the
+        ``draft_vocab`` target ids when given, else of every token)."""
+        if draft_vocab is not None:
+            kwargs["draft_vocab_size"] = int(torch.as_tensor(draft_vocab).numel())
         cfg = MedusaConfig(hidden_size=int(target.config.hidden_size),
                            vocab_size=int(target.get_output_embeddings().weight.shape[0]), **kwargs)
         heads = cls(cfg, TargetInfo.of(target))
         heads.to(device=target.get_output_embeddings().weight.device)
         heads.attach(target)
-        if heads.lm_heads is not None:
-            with torch.no_grad():
-                for lm in heads.lm_heads:
-                    lm.weight.copy_(target.get_output_embeddings().weight.float())
+        if draft_vocab is not None:
+            heads.set_draft_vocab(draft_vocab)
+        heads.init_lm_heads(target)
         return heads
 
+    def init_lm_heads(self, target: nn.Module) -> None:
+        """Own lm_heads <- the target's output rows of the draft vocabulary (all rows without one)."""
+        if self.lm_heads is None:
+            return
+        W = target.get_output_embeddings().weight  # (V, H)
+        rows = W if not self.has_draft_vocab else W[self.draft_token_ids().to(W.device)]  # (Vd, H)
+        with torch.no_grad():
+            for lm in self.lm_heads:
+                lm.weight.copy_(rows.float())
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size or self.config.vocab_size
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (..., H) final post-norm target states -> logits (K, ..., V)."""
+        """hidden (..., H) final post-norm target states -> logits (K, ..., Vd) over draft ids
+        (Vd = V, draft id = target id, without a draft vocabulary)."""
         out = []
         for k, block in enumerate(self.blocks):
             h = block(hidden)

@@ -47,6 +47,16 @@ class MedusaOptions:
     kl_weight: float = opt(0.0, "weight of KL(target's distribution at t+k+1 || head k) added to the hard-label "
                                 "cross-entropy; 0 trains on hard labels only")
     topk: int = opt(5, "k of the top-k accuracy reported at evaluation")
+    draft_vocab_size: int | None = opt(None, "reduced draft vocabulary: each head's own lm_head covers only the N "
+                                             "most frequent answer tokens of the training data (labels outside "
+                                             "it are ignored); needs own_lm_head; None = full target vocabulary")
+
+    def __post_init__(self) -> None:
+        if self.draft_vocab_size is not None and not self.own_lm_head:
+            raise ValueError("medusa.draft_vocab_size needs medusa.own_lm_head=true (the shared target lm_head "
+                             "covers the full vocabulary)")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"medusa.draft_vocab_size must be positive, got {self.draft_vocab_size}")
 
 
 @dataclass
@@ -81,8 +91,10 @@ class EagleOptions:
     step_decay: float = opt(0.8, "EAGLE-3: unrolled step j's loss weight is step_decay**j")
     hard_weight: float = opt(0.0, "EAGLE-3: weight of an extra cross-entropy to the target's argmax (helps greedy "
                                   "acceptance when the target's distribution is flat)")
-    draft_vocab_size: int | None = opt(None, "EAGLE-3 reduced draft vocabulary (most frequent answer tokens); "
-                                             "None = full target vocabulary")
+    draft_vocab_size: int | None = opt(None, "reduced draft vocabulary (most frequent answer tokens of the "
+                                             "training data); None = full target vocabulary. EAGLE-3: the size of "
+                                             "its own lm_head; EAGLE-1: decoding projects onto only these rows of "
+                                             "the target's lm_head (training still fits the full vocabulary)")
     aux_layers: list[int] = opt(default_factory=list, help="EAGLE-3 fused target layers as HF hidden-state indices; "
                                                            "empty = (2, L//2, L-3)")
     feature_weight: float = opt(1.0, "EAGLE-1 SmoothL1 feature-regression weight")

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase
 from .batch import collate_features, lm_head_logits, stored_batch, stored_keys
 from .config import TrainConfig
-from .tasks import TASKS, ParamGroup, TargetBatch
+from .tasks import TASKS, ParamGroup, TargetBatch, answer_draft_vocab
 from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, shift_left,
                   summarize_acceptance, unroll)
 
@@ -141,7 +141,15 @@ class Eagle1Task(_EagleTask):
     kind = "eagle1"
 
     def build(self, target: nn.Module) -> HeadsBase:
-        return Eagle1Drafter.for_target(target, fc_bias=self.opts.fc_bias)
+        """With ``eagle.draft_vocab_size`` the checkpoint also carries d2t / t2d for the most frequent
+        answer tokens: decoding then projects onto only those rows of the target's lm_head. The loss
+        (full-vocabulary soft CE) does not change; evaluation measures the reduced drafter."""
+        V = int(target.get_output_embeddings().weight.shape[0])
+        ids, info = answer_draft_vocab(self.cfg, V, self.opts.draft_vocab_size)
+        heads = Eagle1Drafter.for_target(target, fc_bias=self.opts.fc_bias, draft_vocab=ids)
+        if ids is not None:
+            heads.metadata["draft_vocab"] = info | {"lm_head": "rows of the target's lm_head (decoding only)"}
+        return heads
 
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         f = tb.hidden[-1]  # (B, T, H) final post-norm state

@@ -42,6 +42,14 @@ def medusa_eval_stats(head_logits: Tensor, labels: Tensor, topk: int = 5,
             "chain_hist": hist}
 
 
+def draft_vocab_stats(t2d: Tensor, input_ids: Tensor, loss_mask: Tensor) -> dict[str, Tensor]:
+    """Answer tokens (loss_mask 1) inside a draft vocabulary: t2d (V,) bool, input_ids / loss_mask
+    (B, T) -> ``vocab_in`` / ``vocab_tokens`` (1,) sums. Their ratio is a ceiling on top-1 accuracy."""
+    answer = loss_mask.bool()  # (B, T)
+    return {"vocab_in": (t2d[input_ids] & answer).sum().float().reshape(1),
+            "vocab_tokens": answer.sum().float().reshape(1)}
+
+
 def tau_from_hist(hist: Tensor) -> float:
     """Mean tokens per step from a histogram of accepted lengths (index a -> a + 1 tokens)."""
     n = float(hist.sum())
@@ -51,12 +59,17 @@ def tau_from_hist(hist: Tensor) -> float:
 
 
 def summarize_heads(stats: dict[str, Tensor], topk: int = 5) -> dict[str, Any]:
-    """Summed stats -> per-head top-1 / top-k accuracy, τ, positions evaluated."""
+    """Summed stats -> per-head top-1 / top-k accuracy, τ, positions evaluated (and the draft
+    vocabulary's coverage of answer tokens when ``draft_vocab_stats`` were added)."""
     count = stats["count"].double().clamp(min=1)
     hist = stats["chain_hist"].cpu()
-    return {"top1": [round(float(x), 4) for x in (stats["top1"].double() / count)],
-            f"top{topk}": [round(float(x), 4) for x in (stats["topk"].double() / count)],
-            "tau": round(tau_from_hist(hist), 4),
-            "accept_hist": [int(x) for x in hist],
-            "positions": int(hist.sum()),
-            "tokens": [int(x) for x in stats["count"]]}
+    out = {"top1": [round(float(x), 4) for x in (stats["top1"].double() / count)],
+           f"top{topk}": [round(float(x), 4) for x in (stats["topk"].double() / count)],
+           "tau": round(tau_from_hist(hist), 4),
+           "accept_hist": [int(x) for x in hist],
+           "positions": int(hist.sum()),
+           "tokens": [int(x) for x in stats["count"]]}
+    if "vocab_in" in stats:  # reduced draft vocabulary: share of held-out answer tokens it can express
+        share = stats["vocab_in"].sum() / stats["vocab_tokens"].sum().clamp(min=1)
+        out["draft_vocab_coverage"] = round(float(share), 4)
+    return out

@@ -57,8 +57,8 @@ from torch import Tensor, nn
 from ..heads import HeadsBase, MedusaHeads
 from .batch import TargetBatch
 from .config import TrainConfig
-from .losses import kl_to_target, medusa_labels, medusa_loss, next_token_loss
-from .metrics import medusa_eval_stats, summarize_heads
+from .losses import IGNORE_INDEX, kl_to_target, medusa_labels, medusa_loss, next_token_loss
+from .metrics import draft_vocab_stats, medusa_eval_stats, summarize_heads
 
 
 @dataclass
@@ -83,8 +83,44 @@ class Task(Protocol):
     def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None: ...
 
 
+def answer_draft_vocab(cfg: TrainConfig, vocab_size: int, n: int | None) -> tuple[Tensor | None, dict[str, Any]]:
+    """The ``n`` most frequent answer tokens of the training data (target ids, ascending) and the
+    ``draft_vocab`` metadata; (None, full-vocabulary metadata) when ``n`` is None or covers everything.
+    Counted as EAGLE-3 counts them (``draft_vocab_counts``: the dataset's token_counts, else counted now)."""
+    from .loop import TrainError
+
+    info: dict[str, Any] = {"size": n or vocab_size, "target_vocab_size": vocab_size}
+    if n is not None and n > vocab_size:
+        raise TrainError(f"draft_vocab_size={n} is larger than the target's vocabulary of {vocab_size} tokens")
+    if n is None or n == vocab_size:
+        return None, info
+    from ..data.vocab import draft_vocab
+    from .eagle import draft_vocab_counts
+
+    if not cfg.data or not Path(cfg.data).expanduser().exists():
+        raise TrainError(f"the draft vocabulary is counted on the training data, and data={cfg.data!r} is not "
+                         "there; set data=PATH (with features=, a copy of the features' dataset)")
+    counts = draft_vocab_counts(cfg.data, vocab_size)  # (V,)
+    ids, _, _ = draft_vocab(counts, n)  # (n,)
+    info["answer_token_coverage"] = round(float(counts[ids].sum()) / max(1, int(counts.sum())), 4)
+    return ids, info
+
+
+def in_draft_vocab(heads: HeadsBase, labels: Tensor, missing: int) -> Tensor:
+    """(K, B, T) target-id labels (IGNORE_INDEX where none) -> draft-id labels, ``missing`` where the
+    token is outside the heads' draft vocabulary; unchanged without one."""
+    if not heads.has_draft_vocab:
+        return labels
+    return torch.where(labels == IGNORE_INDEX, labels, heads.to_draft_ids(labels, missing=missing))
+
+
 class MedusaTask:
-    """Medusa-1: K heads on the frozen target's final hidden state (design.md §3)."""
+    """Medusa-1: K heads on the frozen target's final hidden state (design.md §3).
+
+    With ``draft_vocab_size`` N the heads predict over the N most frequent answer tokens: labels
+    are draft ids, tokens outside the vocabulary are ignored by the losses (and count as misses
+    at evaluation), and the KL term compares with the target's distribution renormalised on the
+    draft vocabulary."""
 
     kind = "medusa"
 
@@ -94,8 +130,13 @@ class MedusaTask:
 
     def build(self, target: nn.Module) -> HeadsBase:
         o = self.opts
-        return MedusaHeads.for_target(target, num_heads=o.num_heads, num_layers=o.num_layers,
-                                      own_lm_head=o.own_lm_head)
+        V = int(target.get_output_embeddings().weight.shape[0])
+        ids, info = answer_draft_vocab(self.cfg, V, o.draft_vocab_size)
+        heads = MedusaHeads.for_target(target, draft_vocab=ids, num_heads=o.num_heads, num_layers=o.num_layers,
+                                       own_lm_head=o.own_lm_head)
+        if ids is not None:
+            heads.metadata["draft_vocab"] = info | {"lm_head_init": "target lm_head rows"}
+        return heads
 
     def adapt_target(self, target: nn.Module) -> nn.Module:
         return target
@@ -112,13 +153,17 @@ class MedusaTask:
 
     def head_loss(self, heads: HeadsBase, tb: TargetBatch) -> tuple[Tensor, dict[str, Tensor]]:
         K = heads.config.num_heads
-        head_logits = heads(tb.hidden[-1])  # (K, B, T, V)
-        labels = medusa_labels(tb.input_ids, tb.loss_mask, K)  # (K, B, T)
+        head_logits = heads(tb.hidden[-1])  # (K, B, T, Vd)
+        labels = medusa_labels(tb.input_ids, tb.loss_mask, K)  # (K, B, T) target ids
+        labels = in_draft_vocab(heads, labels, missing=IGNORE_INDEX)  # (K, B, T) draft ids
         weights = torch.tensor([self.opts.decay ** k for k in range(K)], device=head_logits.device)
         loss, per_head = medusa_loss(head_logits, labels, weights)
         metrics = {f"head{k}_ce": per_head[k].detach() for k in range(K)}
         if self.opts.kl_weight > 0:
-            kl, _ = kl_to_target(head_logits, tb.logits, labels, weights)
+            target_logits = tb.logits  # (B, T, V)
+            if heads.has_draft_vocab:  # softmax over the draft columns = the target renormalised on them
+                target_logits = target_logits[..., heads.draft_token_ids()]  # (B, T, Vd)
+            kl, _ = kl_to_target(head_logits, target_logits, labels, weights)
             loss = loss + self.opts.kl_weight * kl
             metrics["kl"] = kl.detach()
         return loss, metrics
@@ -127,9 +172,13 @@ class MedusaTask:
         return self.head_loss(heads, tb)
 
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
-        head_logits = heads(tb.hidden[-1])  # (K, B, T, V)
-        labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)
-        return medusa_eval_stats(head_logits, labels, self.opts.topk)
+        head_logits = heads(tb.hidden[-1])  # (K, B, T, Vd)
+        labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)  # (K, B, T) target ids
+        # a token outside the draft vocabulary is a miss the heads cannot avoid: it counts, and never matches
+        stats = medusa_eval_stats(head_logits, in_draft_vocab(heads, labels, missing=-1), self.opts.topk)
+        if heads.has_draft_vocab:
+            stats.update(draft_vocab_stats(heads.t2d, tb.input_ids, tb.loss_mask))
+        return stats
 
     def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
         return summarize_heads(stats, self.opts.topk)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The real-target numbers in the README: SmolLM2-135M-Instruct end to end on 2 CPU cores.
+#
+#   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa
+#
+# Every step is cached or resumable, so rerunning after an interruption continues where it stopped:
+#   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)
+#   -> features (configs/features-smollm2.yaml, ~15 min) -> train each kind offline
+#   -> tune (tree choice on training-style prompts) -> bench on held-out prompts of other task
+#      families (chat:heldout), T=0 and T=1, at 1 and 2 threads.
+# Results: OUT (default benchmarks/results)/smollm2-bench-t{1,2}.{txt,json,png}.
+# SKIP_TRAIN=1 benches whatever heads exist; BENCH_ARGS adds `headway bench` options.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=${OUT:-benchmarks/results}
+KINDS=("$@")
+[[ ${#KINDS[@]} -gt 0 ]] || KINDS=(eagle3 eagle1 medusa)
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+hw() { echo "+ headway $*" >&2; "$PY" -m headway "$@"; }
+
+hw target build smollm2
+if [[ -z "${SKIP_TRAIN:-}" ]]; then
+    hw distill --config configs/distill-smollm2.yaml
+    hw features --config configs/features-smollm2.yaml
+    hw distill --config configs/distill-smollm2-heldout.yaml     # evaluation rows of other task families
+    hw features --config configs/features-smollm2-heldout.yaml
+fi
+HEADS=()
+for kind in "${KINDS[@]}"; do
+    [[ -z "${SKIP_TRAIN:-}" ]] && hw train --config "configs/smollm2-$kind.yaml"
+    final="runs/smollm2-$kind/final"
+    [[ -f "$final/config.json" ]] || { echo "no heads at $final" >&2; exit 1; }
+    # the tree is chosen on training-style prompts, never on the held-out ones the bench uses
+    [[ -z "${SKIP_TRAIN:-}" ]] && hw tune --target smollm2 --heads "$final" --prompts chat:train \
+        --num_prompts 6 --max_new_tokens 64
+    HEADS+=("$final")
+done
+mkdir -p "$OUT"
+for threads in 1 2; do
+    # no HF assisted baseline: no smaller model with SmolLM2's tokenizer can be had offline
+    # shellcheck disable=SC2086
+    hw bench --target smollm2 --heads "${HEADS[@]}" --prompts chat:heldout --num_prompts 12 \
+        --max_new_tokens 128 --temperature 0 1 --repeats 2 --threads "$threads" --baselines hf-prompt-lookup \
+        --json "$OUT/smollm2-bench-t$threads.json" --plot "$OUT/smollm2-bench-t$threads.png" ${BENCH_ARGS:-} \
+        | tee "$OUT/smollm2-bench-t$threads.txt"
+done
