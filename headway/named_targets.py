@@ -30,7 +30,7 @@ import torch
 
 from .target import TargetError
 
-METADATA_FILE = "headway_target.json"
+METADATA_FILE = "headway_named_target.json"  # not the demo target's headway_target.json: readers of that expect demo fields
 RECIPE_VERSION = 1
 # Logits of the rebuilt model must equal the GGUF-loaded model's: same float weights, same code.
 MAX_LOGIT_DIFF = 1e-5
