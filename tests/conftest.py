@@ -29,3 +29,12 @@ def llama_dir(target_dirs):
 @pytest.fixture
 def tiny_llama():
     return tiny_target("llama")
+
+
+@pytest.fixture
+def one_thread():
+    """Two threads on a shared 2-core machine oversubscribe badly; tiny models need one."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

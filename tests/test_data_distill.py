@@ -22,12 +22,7 @@ PROMPTS = ["def add(a, b):", "import os\nimport sys\n\nclass Config:", "for i in
            "return self._cache[", "with open(path) as f:", "try:\n    import json"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
 
 
 def write_jsonl(path: Path, rows: list) -> Path:

@@ -17,12 +17,7 @@ PROMPTS = ["def add(a, b):", "import os\nimport sys\n\nclass Config:", "for i in
            "def main():\n    parser =", "while True:", "class A(object):"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
 
 
 @pytest.fixture(scope="module")

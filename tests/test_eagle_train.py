@@ -21,13 +21,7 @@ from headway.train.loop import fit, train
 from train_utils import distilled_rows, run_cli, save_rows
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two threads on a shared 2-core machine oversubscribe badly; tiny models need one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
 
 
 @pytest.fixture(scope="module")

@@ -26,13 +26,7 @@ KINDS = {"medusa": {"medusa.num_heads": 3, "medusa.kl_weight": 0.5},  # kl: the 
          "eagle3": {"eagle.draft_vocab_size": 128}}  # draft vocabulary counted on the features' dataset
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two threads on a shared 2-core machine oversubscribe badly; tiny models need one."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
 
 
 @pytest.fixture(scope="module")
