@@ -5,6 +5,7 @@ import torch
 
 from headway.decode import Speculator
 from headway.decode import speculator as speculator_module
+from headway.decode.args import DecodeError
 from headway.decode.proposers import make_proposer
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.testing import ARCHITECTURES, sample_texts, tiny_target
@@ -195,8 +196,10 @@ def test_prompt_near_context_limit(models):
     for kind, shape in [("medusa", "mc_sim_7b_63"), ("eagle3", "dynamic-4-4-12")]:
         spec = Speculator(model, tok, make_heads(kind, model), tree=shape)
         spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(ids), model.config.vocab_size)
-        out = spec.generate(ids, max_new_tokens=50)  # capped at the context window
+        out = spec.generate(ids, max_new_tokens=10)  # fills the context window: the tree shrinks near its end
         assert out.ids == ref and len(ids) + len(out.ids) == limit and out.stats.stopped_by == "length"
+        with pytest.raises(DecodeError, match="more than the target's context"):  # never fewer tokens in silence
+            spec.generate(ids, max_new_tokens=50)
 
 
 def test_stops_at_eos(models):

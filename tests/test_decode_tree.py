@@ -104,3 +104,17 @@ def test_tree_from_measured_accuracy_prefers_likely_paths():
     shape = from_accuracies(acc, num_nodes=4)
     # expected gains: (0)=.8, (0,0)=.48, (0,0,0)=.24, (0,1)=.16, (1)=.1 -> the best four
     assert set(shape.paths) == {(0,), (0, 0), (0, 0, 0), (0, 1)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=12))
+def test_static_shapes_are_closed_under_prefixes(paths):
+    """The prefix closure stops at the first prefix already present (linear in the paths' size);
+    it must still add every missing prefix, whatever the order the paths come in."""
+    want = {tuple(p[:i]) for p in paths for i in range(1, len(p) + 1)}
+    shape = StaticShape([tuple(p) for p in paths])
+    assert set(shape.paths) == want and shape.size == len(want) + 1
+    check_parents(shape.parents)
+    for i, p in enumerate(shape.paths, start=1):  # each node's parent is its path minus the last rank
+        parent = shape.parents[i].item()
+        assert (shape.paths[parent - 1] if parent else ()) == p[:-1] and shape.ranks[i].item() == p[-1]

@@ -33,9 +33,11 @@ from torch import nn
 from ..config import ConfigError, check_choice, opt
 from ..data.plans import PROMPT_FORMATS
 from ..data.progress import quiet_transformers
+from .args import check_decode_args
 from .bench_methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run)
 from .bench_report import SCHEMA, Record, render_table, summarize, write_plot
+from .shapes import parse_shape
 
 
 OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup")
@@ -90,6 +92,10 @@ class BenchConfig:
         if not self.temperature or any(t < 0 for t in self.temperature):
             raise ConfigError(f"'temperature' needs one or more values >= 0, got {self.temperature}")
         self.temperature = list(dict.fromkeys(float(t) for t in self.temperature))
+        for t in self.temperature:  # finite too
+            check_decode_args(self.max_new_tokens, t)
+        for spec in self.tree:  # a bad tree fails before the target is loaded
+            parse_shape(spec)
         check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
         self.baselines = [] if self.baselines == ["none"] else list(dict.fromkeys(self.baselines))
         for name in self.baselines:
@@ -164,6 +170,21 @@ def baselines(target: nn.Module, tokenizer: Any, assistant: nn.Module | None, cf
         out.append(HFMethod("hf-prompt-lookup", "hf_prompt_lookup", target, stops, pad, cfg.prompt_lookup_tokens,
                             prompt_lookup_num_tokens=cfg.prompt_lookup_tokens))
     return out
+
+
+def heads_adapter(heads: Sequence[str]) -> str | None:
+    """The adapter the heads checkpoints name (Medusa-2), merged into the one target every method
+    runs; None when none names one. Two different adapters cannot share a target: that is an error."""
+    from ..heads.base import resolve_checkpoint
+    from ..heads.metadata import adapter_dir
+
+    named = {str(path): adapter_dir(resolve_checkpoint(path)) for path in heads}
+    found = sorted({str(a) for a in named.values() if a is not None})
+    if len(found) > 1:
+        raise ConfigError("the heads name different adapters for the target ("
+                          + ", ".join(f"{h}: {a}" for h, a in named.items() if a is not None)
+                          + "); bench them separately, or pass --adapter PATH to run all on one adapted target")
+    return found[0] if found else None
 
 
 def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list[HeadwayMethod]:
@@ -321,6 +342,11 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     target_path = resolve_target_path(cfg.target)
+    if cfg.adapter is None and (adapter := heads_adapter(cfg.heads)):
+        from .cli import adapter_note
+
+        print(adapter_note(adapter), file=sys.stderr)  # every method, the baselines too, runs the adapted target
+        cfg = dataclasses.replace(cfg, adapter=adapter)
     with quiet_transformers():
         target, tok = load_target(target_path, dtype=cfg.dtype, device=cfg.device, adapter=cfg.adapter)
         loaded = load_prompts(cfg, tok)  # before the assistant: a bad source or template fails fast

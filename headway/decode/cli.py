@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import opt
+from .args import check_decode_args
 
 
 @dataclass
@@ -19,8 +20,9 @@ class GenerateConfig:
     top_p: float = opt(1.0, "nucleus sampling mass")
     top_k: int = opt(0, "top-k sampling (0 = off)")
     seed: int | None = opt(None, "random seed for sampling")
-    tree: str | None = opt(None, "tree shape: chain-N, mc_sim_7b_63, static:[[0],[0,0]], dynamic[-K-DEPTH-TOTAL]; "
-                                 "default: the tuned tree stored with the heads, else a kind default")
+    tree: str | None = opt(None, "tree shape: chain-N, mc_sim_7b_63, static:[[0],[0,0]], dynamic[-K-DEPTH-TOTAL] "
+                                 "(at most 64 deep, 1024 nodes, K <= 64); default: the tuned tree stored with "
+                                 "the heads, else a kind default")
     stop: list[str] = opt(default_factory=list, help="stop strings")
     stream: bool = opt(False, "print tokens as they are accepted")
     chat: bool = opt(False, "apply the tokenizer's chat template to the prompt")
@@ -31,6 +33,11 @@ class GenerateConfig:
                                "follows the target's distribution)")
     posterior_threshold: float = opt(0.09, "typical acceptance: probability threshold (epsilon)")
     posterior_alpha: float = opt(0.3, "typical acceptance: entropy factor (delta)")
+
+    def __post_init__(self) -> None:  # a bad value fails here, before a model is loaded
+        check_decode_args(self.max_new_tokens, self.temperature, self.top_p, self.top_k,
+                          (self.posterior_threshold, self.posterior_alpha) if self.typical else None)
+        _check_tree(self.tree)
 
 
 @dataclass
@@ -44,14 +51,35 @@ class ChatConfig:
     dtype: str = opt("float32", "target dtype")
     device: str | None = opt(None, "device")
 
+    def __post_init__(self) -> None:
+        check_decode_args(self.max_new_tokens, self.temperature, self.top_p)
+        _check_tree(self.tree)
+
+
+def _check_tree(tree: str | None) -> None:
+    if tree is not None:
+        from .shapes import parse_shape
+
+        parse_shape(tree)
+
+
+def adapter_note(adapter: Any) -> str:
+    """The line the CLI prints when the heads' checkpoint named an adapter that was merged into the
+    target: the output is then the adapted target's, not the base model's, and the user must know."""
+    return (f"note: merged the LoRA adapter the heads name ({adapter}) into the target: the output is the "
+            "adapted target's (Medusa-2), not the base model's")
+
 
 def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: str | None, adapter: str | None = None,
                 typical: tuple[float, float] | None = None):
     from ..data.targets import resolve_target_path
     from .speculator import Speculator
 
-    return Speculator.from_pretrained(resolve_target_path(target), heads, tree=tree, dtype=dtype, device=device,
+    spec = Speculator.from_pretrained(resolve_target_path(target), heads, tree=tree, dtype=dtype, device=device,
                                       adapter=adapter, typical=typical)
+    if spec.adapter_from_heads:
+        print(adapter_note(spec.adapter), file=sys.stderr)
+    return spec
 
 
 def prompt_token_ids(tokenizer: Any, prompt: str, chat: bool, target: str) -> list[int]:

@@ -24,7 +24,25 @@ from .tree import TreeBuffers
 
 
 class TreeSpecError(HeadwayError, ValueError):
-    """A tree given on the command line or in a config cannot be parsed."""
+    """A tree given on the command line or in a config cannot be parsed, or is too large."""
+
+
+# Upper bounds on any tree: every node is a token of one target forward (the verify cost grows
+# with it, the (N, N) mask with its square), and no drafter is accurate 64 tokens deep. Checked
+# before anything of the tree's size is built, so a huge spec is refused at once.
+MAX_TREE_NODES = 1024  # nodes, the root included (= tokens per verify forward)
+MAX_TREE_DEPTH = 64  # draft tokens on the longest path
+MAX_DYNAMIC_TOP_K = 64  # EAGLE-2 expansion width: each depth scores top_k x top_k candidates
+
+
+def check_tree_size(nodes: int | None = None, depth: int | None = None, top_k: int | None = None,
+                    what: str = "the tree") -> None:
+    """Raise ``TreeSpecError`` when a tree would exceed ``MAX_TREE_NODES`` / ``MAX_TREE_DEPTH`` /
+    ``MAX_DYNAMIC_TOP_K``."""
+    for value, limit, name in ((nodes, MAX_TREE_NODES, "nodes (root included)"), (depth, MAX_TREE_DEPTH, "depth"),
+                               (top_k, MAX_DYNAMIC_TOP_K, "top_k")):
+        if value is not None and value > limit:
+            raise TreeSpecError(f"{what}: {name} {value} is over the limit of {limit}")
 
 # Medusa's published 63-path tree for Vicuna-7B ("mc_sim_7b_63"): each path lists the top-k rank
 # chosen at each depth. With the root it has 64 nodes.
@@ -73,12 +91,17 @@ class StaticShape:
     buffers: TreeBuffers = field(init=False)
 
     def __post_init__(self) -> None:
-        paths = set()
+        paths: set[tuple[int, ...]] = set()
         for p in self.paths:  # close under prefixes so every node has its parent
             p = tuple(int(r) for r in p)
             if any(r < 0 for r in p):
-                raise ValueError(f"tree path {p} has a negative rank")
-            paths.update(p[:i] for i in range(1, len(p) + 1))
+                raise TreeSpecError(f"tree path {p} has a negative rank")
+            check_tree_size(depth=len(p), what=f"tree '{self.name}'")
+            for i in range(len(p), 0, -1):  # longest first: stop at the first prefix already there
+                if p[:i] in paths:
+                    break
+                paths.add(p[:i])
+            check_tree_size(nodes=len(paths) + 1, what=f"tree '{self.name}'")
         ordered = sorted(paths, key=lambda p: (len(p), p))
         index = {(): 0}
         parents, ranks = [-1], [0]
@@ -115,8 +138,11 @@ def is_chain(shape: "TreeShape") -> bool:
 
 
 def chain(depth: int) -> StaticShape:
-    """A single path of top-1 drafts."""
-    return StaticShape([(0,) * d for d in range(1, depth + 1)], name=f"chain-{depth}")
+    """A single path of top-1 drafts, ``1 <= depth <= MAX_TREE_DEPTH``."""
+    if depth < 1:
+        raise TreeSpecError(f"chain-{depth}: a chain needs at least one draft (chain-N with N >= 1)")
+    check_tree_size(depth=depth, what=f"chain-{depth}")  # before building its N(N+1)/2 path entries
+    return StaticShape([(0,) * depth], name=f"chain-{depth}")  # the prefixes follow from the one path
 
 
 def mc_sim_7b_63() -> StaticShape:
@@ -201,6 +227,12 @@ class DynamicShape:
     depth: int = 6
     total_tokens: int = 48
     name: str = "dynamic"
+
+    def __post_init__(self) -> None:
+        what = f"dynamic-{self.top_k}-{self.depth}-{self.total_tokens}"
+        if self.top_k < 1 or self.depth < 1 or self.total_tokens < 2:
+            raise TreeSpecError(f"{what}: need top_k >= 1, depth >= 1 and total_tokens >= 2 (the root and a draft)")
+        check_tree_size(self.total_tokens, self.depth, self.top_k, what=what)
 
     @property
     def size(self) -> int:
@@ -297,24 +329,35 @@ def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor) -
 
 
 def parse_shape(spec: str) -> TreeShape:
-    """``chain-4`` | ``mc_sim_7b_63`` | ``static:[[0],[0,0],[1]]`` | ``dynamic`` | ``dynamic-8-6-48``
-    (top_k, depth, total_tokens)."""
+    """``chain-4`` | ``chain`` (= chain-4) | ``mc_sim_7b_63`` | ``static:[[0],[0,0],[1]]`` | ``dynamic``
+    | ``dynamic-8-6-48`` (top_k, depth, total_tokens; leading ones may be given alone: ``dynamic-8``).
+    Numbers are checked against the size limits (``check_tree_size``) before anything is built."""
     import json
+    import re
 
     spec = spec.strip()
+    shown = spec if len(spec) <= 80 else spec[:77] + "..."  # messages stay one readable line
     try:
         if spec.startswith("chain"):
-            return chain(int(spec.partition("-")[2] or 4))
+            m = re.fullmatch(r"chain(?:-(-?\d+))?", spec)
+            if m is None:
+                raise ValueError("expected chain-N with a whole number N >= 1")
+            return chain(int(m.group(1) or 4))
         if spec == "mc_sim_7b_63":
             return mc_sim_7b_63()
         if spec.startswith("static:"):
-            return StaticShape([tuple(p) for p in json.loads(spec[7:])])
+            paths = json.loads(spec[7:])
+            if not isinstance(paths, list) or not paths or not all(isinstance(p, list) and p for p in paths):
+                raise ValueError("expected a non-empty JSON list of rank paths, e.g. static:[[0],[0,0],[1]]")
+            return StaticShape([tuple(p) for p in paths])
         if spec.startswith("dynamic"):
+            if not re.fullmatch(r"dynamic(-\d+){0,3}", spec):
+                raise ValueError("expected dynamic-TOPK-DEPTH-TOTAL with whole numbers, e.g. dynamic-8-6-48")
             parts = [int(x) for x in spec.split("-")[1:]]
-            if len(parts) > 3 or any(p < 1 for p in parts):
-                raise ValueError("expected dynamic-TOPK-DEPTH-TOTAL with positive numbers")
             return DynamicShape(*parts) if parts else DynamicShape()
+    except TreeSpecError:
+        raise  # already names the tree and the rule
     except (ValueError, TypeError) as e:
-        raise TreeSpecError(f"cannot parse tree '{spec}': {e}") from None
-    raise TreeSpecError(f"unknown tree '{spec}'; use chain-N, mc_sim_7b_63, static:[[0],[0,0],...] "
+        raise TreeSpecError(f"cannot parse tree '{shown}': {e}") from None
+    raise TreeSpecError(f"unknown tree '{shown}'; use chain-N, mc_sim_7b_63, static:[[0],[0,0],...] "
                      "or dynamic[-TOPK-DEPTH-TOTAL]")

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from ..errors import HeadwayError
 from ..heads import HeadsBase, load_heads
+from ..heads.metadata import adapter_dir
+from .args import DecodeError, check_decode_args
 from .kv import keep_accepted
 from .proposers import EagleProposer, hidden_index, make_proposer
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
@@ -27,10 +28,6 @@ from .shapes import (DraftTree, DynamicShape, StaticShape, TreeShape, build_samp
                      parse_shape)
 from .tree import additive_mask
 from .verify import Verdict, verify_greedy
-
-
-class DecodeError(HeadwayError):
-    pass
 
 
 @dataclass
@@ -127,6 +124,8 @@ class Speculator:
         L = int(target.config.num_hidden_layers)
         self._layers = [hidden_index(i, L) for i in proposer.feature_layers]
         self._shape_cache: dict[tuple[int, int], TreeShape] = {}
+        self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
+        self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -134,14 +133,19 @@ class Speculator:
                         tree: TreeShape | str | None = None, dtype: str | torch.dtype | None = "float32",
                         device: str | torch.device | None = None, adapter: str | None = None,
                         max_depth: int | None = None, typical: tuple[float, float] | None = None) -> "Speculator":
+        """``adapter``: a PEFT adapter merged into a target given by name; by default the one the heads
+        checkpoint names (Medusa-2 heads are trained on an adapted target, which is the one whose
+        output they reproduce). A target given as a model object is used as it is."""
         from ..heads.base import resolve_checkpoint
         from ..target import load_target
 
         if not isinstance(heads, HeadsBase):
             heads = resolve_checkpoint(heads)  # fail fast, before loading a large target
+        from_heads = False
         if isinstance(target, (str, Path)):
-            if adapter is None and not isinstance(heads, HeadsBase):
+            if adapter is None:
                 adapter = _adapter_of(heads)
+                from_heads = adapter is not None
             target, tok = load_target(str(target), dtype=dtype, device=device, adapter=adapter)
             tokenizer = tokenizer or tok
         if tokenizer is None:
@@ -152,7 +156,9 @@ class Speculator:
             heads.attach(target)
         if tree is None:
             tree = (heads.metadata.get("decode") or {}).get("tree")
-        return cls(target, tokenizer, heads, tree, max_depth, typical)
+        spec = cls(target, tokenizer, heads, tree, max_depth, typical)
+        spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
+        return spec
 
     @staticmethod
     def _default_tree(tree: TreeShape | str | None, proposer: Any) -> TreeShape:
@@ -293,21 +299,26 @@ class Speculator:
         """An independent copy of a decode state (for tree search over outcomes in tests)."""
         return DecodeState(copy.deepcopy(state.cache), state.proposer.fork(), list(state.emitted), state.length)
 
-    @torch.inference_mode()
     def stream(self, prompt: Any, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, stop: Sequence[str] = (), seed: int | None = None, chat: bool | None = None,
                stats: GenerationStats | None = None) -> Iterator[list[int]]:
-        """Yield the newly emitted token ids after every step (the first list comes from prefill)."""
+        """An iterator over the newly emitted token ids after every step (the first list comes from
+        prefill). The arguments and the prompt's length are checked here, before it is returned
+        (``check_decode_args``): a prompt that leaves no room for ``max_new_tokens`` is an error."""
+        input_ids = self.encode(prompt, chat)
+        check_decode_args(max_new_tokens, temperature, top_p, top_k, self.typical, input_ids.shape[1],
+                          self.max_positions)
+        return self._steps(input_ids, int(max_new_tokens), SamplingParams(float(temperature), int(top_k),
+                                                                          float(top_p)), stop, seed, stats)
+
+    @torch.inference_mode()
+    def _steps(self, input_ids: torch.Tensor, max_new_tokens: int, params: SamplingParams, stop: Sequence[str],
+               seed: int | None, stats: GenerationStats | None) -> Iterator[list[int]]:
         stats = stats if stats is not None else GenerationStats()
-        params = SamplingParams(temperature, top_k, top_p)
         gen = torch.Generator(device="cpu")
         if seed is not None:
             gen.manual_seed(seed)
-        input_ids = self.encode(prompt, chat)
         n = input_ids.shape[1]
-        if n >= self.max_positions:
-            raise DecodeError(f"the prompt has {n} tokens; the target's context is {self.max_positions}")
-        max_new_tokens = min(max_new_tokens, self.max_positions - n)
         stats.prompt_tokens = n
         eos = self._eos_ids()
         t_start = time.perf_counter()
@@ -420,16 +431,12 @@ def _record_depths(stats: GenerationStats, verdict: Verdict) -> None:
         stats.accepted_per_depth[d] += 1
 
 
-def _adapter_of(heads: str | Path) -> str | None:
-    """Medusa-2 checkpoints record a LoRA adapter that must be merged into the target."""
-    import json
-
-    p = Path(heads).expanduser()
-    cfg_file = p / "config.json"
-    if not cfg_file.is_file():
+def _adapter_of(heads: Path | HeadsBase) -> str | None:
+    """The adapter a heads checkpoint names (Medusa-2: trained on an adapted target), or None."""
+    if isinstance(heads, HeadsBase):
+        if heads.metadata.get("adapter"):  # a module does not know the folder its adapter is in
+            raise DecodeError(f"these heads were trained on an adapted target (metadata.adapter: "
+                              f"{heads.metadata['adapter']}); pass adapter=PATH, or the heads' folder")
         return None
-    adapter = (json.loads(cfg_file.read_text()).get("metadata") or {}).get("adapter")
-    if adapter:
-        a = Path(adapter)
-        return str(a if a.is_absolute() else p / a)
-    return None
+    found = adapter_dir(heads)
+    return str(found) if found is not None else None

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from ..config import check_choice, opt
+from ..config import ConfigError, check_choice, opt
 from ..data.plans import PROMPT_FORMATS
+from .args import check_decode_args
 from .sampling import SamplingParams
 from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
 from .speculator import Speculator
@@ -56,6 +57,10 @@ class TuneConfig:
 
     def __post_init__(self) -> None:
         check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
+        if not self.temperatures:
+            raise ConfigError("'temperatures' needs one or more values >= 0")
+        for t in self.temperatures:
+            check_decode_args(self.max_new_tokens, t)
 
 
 def shape_spec(shape: TreeShape) -> str:
@@ -219,9 +224,12 @@ def calibration_prompts(cfg: TuneConfig, tokenizer: Any) -> list[list[int]]:
 
 def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     from ..data.targets import resolve_target_path
+    from .cli import adapter_note
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
     spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, dtype=cfg.dtype, device=cfg.device)
+    if spec.adapter_from_heads:  # the tree is tuned on the adapted target
+        say(adapter_note(spec.adapter))
     prompts = calibration_prompts(cfg, spec.tokenizer)
     say(f"measuring acceptance by depth and rank on {len(prompts)} prompts ...")
     acc = measure_acceptance(spec, prompts, cfg.probe_depth, cfg.probe_rank, cfg.max_new_tokens)

@@ -55,6 +55,7 @@ import torch
 from torch import Tensor, nn
 
 from ..heads import HeadsBase, MedusaHeads
+from ..heads.metadata import ADAPTER_SUBFOLDER, adapter_dir
 from .batch import TargetBatch
 from .config import TrainConfig
 from .losses import IGNORE_INDEX, kl_to_target, medusa_labels, medusa_loss, next_token_loss
@@ -197,15 +198,7 @@ def quality_weight(step: int, heads_only_steps: int, ramp_steps: int, weight: fl
     return weight * min(1.0, (step - heads_only_steps + 1) / ramp_steps)
 
 
-ADAPTER_SUBFOLDER = "adapter"
-
-
-def adapter_path(heads_dir: str | Path) -> Path | None:
-    """The PEFT adapter a heads checkpoint needs on its target (Medusa-2), or None."""
-    import json
-
-    meta = json.loads((Path(heads_dir) / "config.json").read_text()).get("metadata") or {}
-    return Path(heads_dir) / meta["adapter"]["subfolder"] if meta.get("adapter") else None
+adapter_path = adapter_dir  # the PEFT adapter a heads checkpoint needs on its target (heads.metadata reads it)
 
 
 class Medusa2Task(MedusaTask):

@@ -1,0 +1,69 @@
+"""The decoder's arguments, checked once, up front: each rule is in the message that breaks it.
+
+``check_decode_args`` is pure (numbers in, ``DecodeError`` or None out); ``Speculator.stream``
+calls it once the prompt is tokenised, and the CLI configs call it while parsing, so a bad value
+fails in one line before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+from ..errors import HeadwayError
+
+
+class DecodeError(HeadwayError, ValueError):
+    """A decoding argument or prompt the decoder cannot honour; the message names the rule."""
+
+
+def _whole(name: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise DecodeError(f"{name} must be a whole number, got {value!r}") from None
+
+
+def _real(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DecodeError(f"{name} must be a number, got {value!r}") from None
+
+
+def check_decode_args(max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                      typical: tuple[float, float] | None = None, prompt_tokens: int | None = None,
+                      max_positions: int | None = None) -> None:
+    """Raise ``DecodeError`` unless: max_new_tokens >= 1; temperature finite and >= 0 (0 = greedy);
+    0 < top_p <= 1; top_k >= 0 (0 = off); typical acceptance ``(threshold, alpha)`` with
+    0 < threshold <= 1 and alpha > 0, both finite; and, given the prompt's length and the
+    target's context (``max_position_embeddings``), prompt_tokens + max_new_tokens <= max_positions.
+
+    The tree needs no room of its own: the decoder shrinks it near the end of the context."""
+    n_new = _whole("max_new_tokens", max_new_tokens)
+    if n_new < 1:  # 0 or less would still emit the prefill's token
+        raise DecodeError(f"max_new_tokens must be at least 1, got {n_new}")
+    t = _real("temperature", temperature)
+    if not (math.isfinite(t) and t >= 0):  # a negative one would silently mean greedy
+        raise DecodeError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+    p = _real("top_p", top_p)
+    if not 0 < p <= 1:
+        raise DecodeError(f"top_p must be in (0, 1] (1 = off), got {top_p}")
+    if _whole("top_k", top_k) < 0:
+        raise DecodeError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if typical is not None:
+        threshold, alpha = (_real("typical threshold (posterior_threshold)", typical[0]),
+                            _real("typical alpha (posterior_alpha)", typical[1]))
+        if not 0 < threshold <= 1:
+            raise DecodeError(f"typical acceptance threshold (posterior_threshold) must be in (0, 1], got {threshold}")
+        if not (math.isfinite(alpha) and alpha > 0):
+            raise DecodeError(f"typical acceptance alpha (posterior_alpha) must be a finite number > 0, got {alpha}")
+    if prompt_tokens is not None and max_positions is not None and prompt_tokens + n_new > max_positions:
+        room = max_positions - prompt_tokens
+        fix = f"lower max_new_tokens to {room} or shorten the prompt" if room >= 1 else "shorten the prompt"
+        raise DecodeError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {n_new}: "
+                          f"{prompt_tokens + n_new} positions, more than the target's context of {max_positions} "
+                          f"(max_position_embeddings); {fix}")

@@ -1,0 +1,45 @@
+"""What a heads checkpoint records besides its architecture (``config.json["metadata"]``), read
+without loading weights: the one reader for the decoder, the CLI and training.
+
+``metadata["adapter"]`` names the PEFT adapter a Medusa-2 checkpoint needs merged into its target.
+Training writes it as a dict, ``{"subfolder": "adapter", "kind": "lora", "r": ..., ...}`` (the
+folder relative to the checkpoint); a plain string path (relative or absolute) is read too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+ADAPTER_SUBFOLDER = "adapter"
+
+
+def read_metadata(heads_dir: str | Path) -> dict[str, Any]:
+    """The checkpoint's ``metadata`` dict ({} when it has none); a folder without a headway
+    ``config.json`` is a ``HeadsError``."""
+    from .base import HeadsError, read_config
+
+    path = Path(heads_dir).expanduser()
+    meta = read_config(path).get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise HeadsError(f"{path / 'config.json'}: 'metadata' must be an object, got {meta!r}")
+    return dict(meta)
+
+
+def adapter_dir(heads_dir: str | Path, metadata: dict[str, Any] | None = None) -> Path | None:
+    """The adapter folder the checkpoint at ``heads_dir`` needs on its target (Medusa-2), or None.
+    ``metadata``: the checkpoint's, when already read (saves reading config.json again)."""
+    from .base import HeadsError
+
+    heads_dir = Path(heads_dir).expanduser()
+    meta = read_metadata(heads_dir) if metadata is None else metadata
+    entry = meta.get("adapter")
+    if not entry:
+        return None
+    if isinstance(entry, dict):
+        entry = entry.get("subfolder")
+    if not isinstance(entry, str) or not entry:
+        raise HeadsError(f"{heads_dir / 'config.json'}: metadata.adapter should be {{'subfolder': 'adapter', ...}} "
+                         f"or a path, got {meta.get('adapter')!r}")
+    path = Path(entry).expanduser()
+    return path if path.is_absolute() else heads_dir / path
