@@ -116,7 +116,7 @@ def collate_features(rows: Sequence[dict[str, Any]], pad_id: int = 0, max_length
 
 
 def lm_head_logits(lm_head: nn.Module) -> Callable[[Tensor], Tensor]:
-    """The target's output projection as a float32 function (B, T, H) -> (B, T, V), outside any
+    """The target's output projection as a float32 function (..., H) -> (..., V), outside any
     autocast: the logits the online forward computes, from the stored post-norm ``final`` state.
     The float32 weight is made once (no copy for a float32 target)."""
     weight = lm_head.weight.detach().float()  # (V, H)
@@ -129,12 +129,29 @@ def lm_head_logits(lm_head: nn.Module) -> Callable[[Tensor], Tensor]:
     return logits
 
 
+def shift_mask(loss_mask: Tensor) -> Tensor:
+    """(B, T) -> bool (B, T): position s is followed by an answer token (loss_mask[s+1] == 1)."""
+    used = torch.zeros(loss_mask.shape, dtype=torch.bool, device=loss_mask.device)
+    used[:, :-1] = loss_mask[:, 1:].bool()
+    return used
+
+
 def stored_batch(batch: dict[str, Any], layers: Sequence[int], logits_fn: Callable[[Tensor], Tensor] | None,
                  device: torch.device, dtype: torch.dtype) -> TargetBatch:
     """A ``collate_features`` batch -> the ``TargetBatch`` ``target_batch`` gives online: hidden
-    states in the target's dtype on ``device``, logits from ``logits_fn`` on ``final``."""
+    states in the target's dtype on ``device``, logits from ``logits_fn`` on ``final`` where they are
+    read (zeros elsewhere: see the comment below)."""
     feats = batch["features"]  # key -> (B, T, H), stored dtype
     hidden = {i: feats[feature_key(i)].to(device=device, dtype=dtype) for i in layers}  # each (B, T, H)
-    logits = logits_fn(feats["final"].to(device)) if logits_fn is not None else None  # (B, T, V) float32
+    logits = None
+    if logits_fn is not None:
+        # Every loss and metric reads the target's logits at s only where token s+1 is an answer
+        # token (loss_mask 1): it predicts that token. Project just those positions (about half
+        # of a padded chat batch) and leave zeros, which nothing reads, elsewhere.
+        used = shift_mask(batch["loss_mask"]).to(device)  # (B, T) bool
+        final = feats["final"].to(device)
+        rows = logits_fn(final[used])  # (N, V) float32
+        logits = rows.new_zeros(*used.shape, rows.shape[-1])  # (B, T, V)
+        logits[used] = rows
     return TargetBatch(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                        loss_mask=batch["loss_mask"].to(device), hidden=hidden, logits=logits)

@@ -50,12 +50,14 @@ def shift_left(x: Tensor, n: int, fill: float | int | bool = 0) -> Tensor:
 
 
 def unroll(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, steps: int,
-           own_tokens: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+           own_tokens: bool = False, logits: bool = True) -> Iterator[tuple[Tensor, Tensor | None]]:
     """Run the drafter ``steps`` times over the whole sequence; yields (output (B, T, H), logits).
 
     ``hidden`` (B, T, H) is the step-0 hidden input (EAGLE-1: the target feature f_t; EAGLE-3:
     the fused features). Step j reads token x_{t+j+1} from the data, or with ``own_tokens`` the
-    drafter's own greedy token from step j-1 (the autoregressive chain used for evaluation)."""
+    drafter's own greedy token from step j-1 (the autoregressive chain used for evaluation).
+    ``logits=False`` yields None instead of the (B, T, V) logits: the loss projects only the
+    positions it trains on."""
     B, T = input_ids.shape
     cache = DraftCache()
     pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)  # (B, T)
@@ -64,11 +66,11 @@ def unroll(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, steps: int,
     for j in range(steps):
         mask = ttt_mask(T, j, dtype, input_ids.device)
         out = drafter(ids, hidden, pos + j, mask, cache)  # (B, T, H)
-        logits = drafter.logits(out)  # (B, T, V or Vd)
-        yield out, logits
+        step_logits = drafter.logits(out) if logits or own_tokens else None  # (B, T, V or Vd)
+        yield out, step_logits
         hidden = out
         if j + 1 < steps:
-            ids = drafter.to_target_ids(logits.argmax(-1)) if own_tokens else shift_left(input_ids, j + 2)
+            ids = drafter.to_target_ids(step_logits.argmax(-1)) if own_tokens else shift_left(input_ids, j + 2)
 
 
 def label_mask(loss_mask: Tensor, shift: int) -> Tensor:
@@ -108,16 +110,20 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
     top_draft = to_draft[target_top]  # (B, T) draft ids (0 where outside the draft vocab: masked anyway)
     loss = fused.new_zeros((), dtype=torch.float32)
     metrics: dict[str, Tensor] = {}
-    for j, (_, logits) in enumerate(unroll(drafter, input_ids, fused, steps)):
+    for j, (out, _) in enumerate(unroll(drafter, input_ids, fused, steps, logits=False)):
         valid = label_mask(loss_mask, j + 2) & shift_left(in_vocab, j + 1, False)  # (B, T)
-        ce, n = soft_ce(logits, shift_left(target_p, j + 1), valid)
+        # Project, normalise and score only the trained positions (about half of a padded chat
+        # batch: prompts and padding carry no label); the loss is the masked mean either way.
+        logits = drafter.logits(out[valid])  # (N, Vd)
+        n = valid.sum()
+        logq = F.log_softmax(logits.float(), dim=-1)  # (N, Vd)
+        ce = -(shift_left(target_p, j + 1)[valid] * logq).sum() / n.clamp(min=1)
         step_loss = ce
         if hard_weight:
-            hard = F.cross_entropy(logits.float().flatten(0, 1), shift_left(top_draft, j + 1).flatten(),
-                                   reduction="none").view_as(valid)
-            step_loss = ce + hard_weight * (hard * valid).sum() / n.clamp(min=1)
+            hard = F.nll_loss(logq, shift_left(top_draft, j + 1)[valid], reduction="sum")
+            step_loss = ce + hard_weight * hard / n.clamp(min=1)
         loss = loss + decay ** j * step_loss
-        hit = (drafter.to_target_ids(logits.argmax(-1)) == shift_left(target_top, j + 1)) & valid
+        hit = drafter.to_target_ids(logits.argmax(-1)) == shift_left(target_top, j + 1)[valid]  # (N,)
         metrics[f"ce{j}"] = ce.detach()
         metrics[f"acc{j}"] = hit.sum().float() / n.clamp(min=1)
     return loss, metrics
