@@ -28,3 +28,23 @@ def test_routes_agree(arch):
     w = torch.nn.Parameter(torch.ones(()))
     (fast.hidden[-1] * w).sum().backward()
     assert w.grad is not None
+
+
+def test_stored_batch_projects_only_positions_followed_by_an_answer_token():
+    """Offline logits: the lm_head runs where token s+1 is an answer token (every loss reads only
+    those) and equals the online logits there; elsewhere zeros."""
+    from headway.train.batch import collate_features, lm_head_logits, shift_mask, stored_batch
+
+    model, _ = tiny_target("llama")
+    rows = [{"input_ids": list(range(3, 15)), "loss_mask": [0] * 4 + [1] * 8},
+            {"input_ids": list(range(20, 27)), "loss_mask": [0] * 2 + [1] * 4 + [0]}]
+    online = target_batch(model, collate(rows, pad_id=2), [-1], need_logits=True)
+    stored = [{"input_ids": torch.tensor(r["input_ids"]), "loss_mask": torch.tensor(r["loss_mask"]),
+               "features": {"final": online.hidden[-1][i, : len(r["input_ids"])]}} for i, r in enumerate(rows)]
+    b = collate_features(stored, pad_id=2)
+    used = shift_mask(b["loss_mask"])
+    assert used.tolist() == [[False] * 3 + [True] * 8 + [False], [False, True, True, True, True] + [False] * 7]
+    offline = stored_batch(b, [-1], lm_head_logits(model.get_output_embeddings()), torch.device("cpu"),
+                           torch.float32)
+    torch.testing.assert_close(offline.logits[used], online.logits[used], rtol=1e-5, atol=1e-5)
+    assert offline.logits[~used].abs().sum() == 0
