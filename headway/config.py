@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import types
 import typing
 from pathlib import Path
@@ -228,20 +229,69 @@ def parse_args(cls: type, argv: Sequence[str]) -> tuple[str | None, dict[str, An
     return config_path, out
 
 
+def _json_kind(value: Any) -> str:
+    names = {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+             type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def read_utf8(path: Path, error: type[HeadwayError] = ConfigError) -> str:
+    """A text file's contents; unreadable or non-UTF-8 bytes are ``error`` naming the file, line and byte."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise error(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise error(f"{path}: not UTF-8 (byte 0x{raw[e.start]:02x} at line {line}, column {col})") from None
+
+
+def read_json_object(path: Path, error: type[HeadwayError] = ConfigError) -> dict[str, Any]:
+    """A JSON file that must hold one object (a ``config.json``); anything else is one ``error``
+    line naming the file and what is wrong with it, never a raw decoder traceback."""
+    text = read_utf8(path, error)
+    if not text.strip():
+        raise error(f"{path}: the file is empty; expected a JSON object")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise error(f"{path}: invalid JSON: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object {{...}} at the top level, got a JSON {_json_kind(data)}")
+    return data
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A YAML (or ``.json``) config file as a mapping; any fault is one ``ConfigError`` line."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.suffix.lower() == ".json":
+        return read_json_object(path)
+    text = read_utf8(path)
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as e:  # its str() spans several lines; keep the position and the problem
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{path}: invalid YAML{at}: {what}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values, got a {_json_kind(loaded)}")
+    return loaded
+
+
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] | dict[str, Any] = ()) -> T:
     """YAML file (optional) + overrides (CLI strings or a dotted dict) -> validated dataclass."""
     data: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: invalid YAML: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of keys to values")
-        data = loaded
+        data = read_config_file(Path(path))
     if not isinstance(overrides, dict):
         overrides = parse_args(cls, overrides)[1]
     for key, value in overrides.items():

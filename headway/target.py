@@ -72,15 +72,36 @@ def _is_local(name_or_path: str) -> bool:
 def load_config_only(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
     from transformers import AutoConfig
 
+    from .config import read_json_object
+
     path = Path(name_or_path).expanduser()
     if _is_local(name_or_path) and not path.exists():
         raise TargetError(f"target path does not exist: {path}")
+    if path.is_dir() and (path / "config.json").is_file():
+        read_json_object(path / "config.json", TargetError)  # transformers says only "not a valid JSON file"
     try:
         return AutoConfig.from_pretrained(str(path) if path.exists() else name_or_path, revision=revision,
                                           trust_remote_code=trust_remote_code)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: no or unknown model_type
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TargetError(f"cannot load target '{name_or_path}': {first}") from None
+
+
+def check_weight_files(folder: Path) -> None:
+    """Open the header of every safetensors file in a local target folder: an empty or truncated
+    file is a one-line error naming it (the loader's own error names no file). Headers only: cheap."""
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(folder.glob("*.safetensors")):
+        if f.stat().st_size == 0:
+            raise TargetError(f"{f}: the file is empty (an interrupted download or copy?)")
+        try:
+            with safe_open(str(f), "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            why = " ".join(str(e).split()).removeprefix("Error while deserializing header: ")
+            raise TargetError(f"{f}: not a readable safetensors file ({why}); it is probably truncated or "
+                              "corrupt") from None
 
 
 def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", device: str | torch.device | None = None,
@@ -91,6 +112,7 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
     ``adapter`` is an optional PEFT adapter folder (e.g. from Medusa-2 training); it is merged
     into the weights so the decoder drives a plain transformers model.
     """
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -104,7 +126,13 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
         kwargs["dtype"] = resolve_dtype(dtype)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+    if Path(src).is_dir():
+        check_weight_files(Path(src))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+    except SafetensorError as e:  # a broken file in a Hub cache: safetensors' error names neither file nor cause
+        raise TargetError(f"cannot load the weights of '{name_or_path}': {' '.join(str(e).split())}; a weight "
+                          "file is probably truncated or corrupt (download it again)") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:

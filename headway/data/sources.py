@@ -15,10 +15,13 @@ case they are collected in ``SourceResult.bad`` for the caller to report.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .chat_corpus import chat_samples
 from .errors import BadRowError, DataError, one_line
@@ -82,9 +85,9 @@ def _normalise(rows: Iterable[tuple[int, Any]], where: Any, limit: int | None, s
 def _file_rows(path: Path) -> tuple[Iterable[tuple[int, Any]], Any]:
     suffix = path.suffix.lower()
     if suffix == ".json":
-        data = _json_document(path)
-        if data is not None:
-            return enumerate(data), lambda i: f"{path}[{i}]"
+        doc = _json_document(path)
+        if doc is not None:
+            return doc
     if suffix in (".jsonl", ".json"):  # a .json file that is not one document is read as JSON lines
         return _jsonl_rows(path), lambda i: f"{path}:{i + 1}"
     if suffix == ".parquet":
@@ -92,37 +95,102 @@ def _file_rows(path: Path) -> tuple[Iterable[tuple[int, Any]], Any]:
     raise DataError(f"{path}: unsupported prompt file type '{suffix}'; use .jsonl, .json or .parquet")
 
 
-def _json_document(path: Path) -> list[Any] | None:
-    """Rows of a ``.json`` file holding one array (or ``{"data": [...]}``); None if it is JSON lines."""
+def _decode_line(raw: bytes, path: Path, i: int) -> str | BadRowError:
+    """One line's bytes -> text, or the BadRowError naming its true line (``i`` is 0-based)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return None
+        return raw.decode("utf-8-sig" if i == 0 else "utf-8")  # a BOM may open the file, nowhere else
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 ({one_line(e)})") from None
-    if isinstance(data, dict) and isinstance(data.get("data"), list):
-        return data["data"]
-    return data if isinstance(data, list) else [data]
+        return BadRowError(f"{path}:{i + 1}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line index, parsed row or the BadRowError for that line); blank lines are skipped."""
-    with path.open("r", encoding="utf-8", errors="strict") as f:
-        i = 0
-        while True:
-            try:
-                line = f.readline()
-            except UnicodeDecodeError as e:
-                yield i, BadRowError(f"{path}:{i + 1}: not UTF-8 ({one_line(e)})")
-                return
-            if not line:
-                return
-            if line.strip():
+    """(line index, parsed row or the BadRowError for that line); blank lines are skipped.
+
+    Bytes are split on b"\\n" and each line decoded on its own: a text-mode reader decodes in
+    chunks, so one bad byte was reported hundreds of lines early and ended the file there."""
+    with path.open("rb") as f:
+        for i, raw in enumerate(f):
+            line = _decode_line(raw, path, i)
+            if isinstance(line, BadRowError):
+                yield i, line
+            elif line.strip():
                 try:
                     yield i, json.loads(line)
                 except json.JSONDecodeError as e:
                     yield i, BadRowError(f"{path}:{i + 1}: invalid JSON: {e.msg} (column {e.colno})")
-            i += 1
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DATA_KEY = re.compile(r'[ \t\n\r]*\{[ \t\n\r]*"data"[ \t\n\r]*:[ \t\n\r]*(?=\[)')
+_UNDECODED = re.compile("[\udc80-\udcff]")  # what errors="surrogateescape" makes of a byte that is not UTF-8
+
+
+def _json_document(path: Path) -> tuple[list[tuple[int, Any]], Any] | None:
+    """(rows, where) of a ``.json`` file holding one array (or ``{"data": [...]}``); None if it is JSON lines.
+
+    Array elements are parsed one at a time so each row knows its line. Bytes that are not UTF-8
+    are decoded to lone surrogates, so the structure around them still parses: an element holding
+    one is a bad row at its line, and every other row is kept."""
+    lines = [r.decode("utf-8-sig" if i == 0 else "utf-8", errors="surrogateescape")
+             for i, r in enumerate(path.read_bytes().split(b"\n"))]
+    text = "\n".join(lines)
+    line_starts = list(itertools.accumulate((len(x) + 1 for x in lines[:-1]), initial=0))
+    line_at = lambda pos: bisect.bisect_right(line_starts, pos)  # noqa: E731  (1-based line of a position)
+
+    def not_utf8(pos: int, stop: int) -> BadRowError | None:
+        m = _UNDECODED.search(text, pos, stop)
+        if m is None:
+            return None
+        line = line_at(m.start())
+        return BadRowError(f"{path}:{line}: not UTF-8 (byte 0x{ord(m.group()) - 0xDC00:02x} at column "
+                           f"{m.start() - line_starts[line - 1] + 1})")
+
+    data_key = _DATA_KEY.match(text)
+    start = data_key.end() if data_key else _WS.match(text).end()
+    if text.startswith("[", start):
+        items, end = _array_items(text, start, path, line_at)
+        tail = _WS.match(text, end).end()
+        if data_key and text.startswith("}", tail):
+            tail = _WS.match(text, tail + 1).end()
+        if tail == len(text):
+            first_line = [line_at(pos) for pos, _, _ in items]
+            return ([(i, not_utf8(pos, stop) or row) for i, (pos, stop, row) in enumerate(items)],
+                    lambda i: f"{path}:{first_line[i]}")
+        if not data_key:
+            raise DataError(f"{path}:{line_at(tail)}: invalid JSON: extra data after the array")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    bad = not_utf8(0, len(text))
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        if bad:  # a "data" list among other keys: the bad byte cannot be pinned to a row
+            raise DataError(str(bad))
+        return list(enumerate(data["data"])), lambda i: f"{path}[{i}]"
+    rows = [bad] if bad else data if isinstance(data, list) else [data]
+    return list(enumerate(rows)), lambda i: f"{path}[{i}]"
+
+
+def _array_items(text: str, start: int, path: Path, line_at: Callable[[int], int]
+                 ) -> tuple[list[tuple[int, int, Any]], int]:
+    """The elements of the JSON array opening at ``text[start]`` as (start, end, value), and the
+    position after its ']'. A syntax error ends the file: past it no row boundary can be trusted."""
+    decoder, items = json.JSONDecoder(), []
+    pos = _WS.match(text, start + 1).end()
+    if text.startswith("]", pos):
+        return items, pos + 1
+    while True:
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
+        items.append((pos, end, value))
+        pos = _WS.match(text, end).end()
+        if text.startswith("]", pos):
+            return items, pos + 1
+        if not text.startswith(",", pos):
+            raise DataError(f"{path}:{line_at(pos)}: invalid JSON: expected ',' or ']' after array element {len(items) - 1}")
+        pos = _WS.match(text, pos + 1).end()
 
 
 def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:

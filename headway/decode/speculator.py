@@ -112,6 +112,7 @@ class Speculator:
         beat a deterministic tree there (demo target, T=1: tau 1.98 against 1.44 for EAGLE-1)."""
         self.target = target
         self.tokenizer = tokenizer
+        heads.check_tokenizer(tokenizer)  # ids must mean the tokens the heads were trained on
         self.heads = heads.to(device=self.device).eval()
         self.max_depth = max_depth
         self.typical = typical

@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .. import __version__
-from ..config import from_dict
+from ..config import ConfigError, from_dict, read_json_object
 from ..errors import HeadwayError
 from ..target import TargetInfo
+
+TOKENIZER_KEY = "tokenizer_fingerprint"  # metadata entry: tokenizer_fingerprint() of the training target's tokenizer
 
 
 class HeadsError(HeadwayError):
@@ -42,15 +45,17 @@ class HeadsBase(nn.Module):
         self.metadata: dict[str, Any] = {}  # training data summary, measured acceptance, ...
 
     # -- target binding -------------------------------------------------------------------
-    def attach(self, target: nn.Module) -> "HeadsBase":
+    def attach(self, target: nn.Module, tokenizer: Any = None) -> "HeadsBase":
         """Bind the frozen target modules the heads borrow (embedding, lm_head), after checking
-        the target matches. Borrowed modules are not submodules: never saved, never trained."""
+        the target (and, when given, its tokenizer) matches. Borrowed modules are not submodules:
+        never saved, never trained."""
         info = TargetInfo.of(target)
         if self.target_info is not None:
             self.target_info.check_matches(info)
         else:
             self.target_info = info
         self._check_target(target)
+        self.check_tokenizer(tokenizer)
         object.__setattr__(self, "_target_embed", target.get_input_embeddings())
         object.__setattr__(self, "_target_lm_head", target.get_output_embeddings())
         return self
@@ -61,6 +66,16 @@ class HeadsBase(nn.Module):
         for name, a, b in zip(("hidden_size", "vocab_size"), ours, theirs):
             if a != b:
                 raise HeadsError(f"{self.kind} heads have {name}={a}, but the target has {name}={b}")
+
+    def record_tokenizer(self, tokenizer: Any) -> None:
+        """Store the training target's tokenizer fingerprint in the metadata (checked on load)."""
+        from ..tokenizer import tokenizer_fingerprint
+
+        self.metadata[TOKENIZER_KEY] = tokenizer_fingerprint(tokenizer)
+
+    def check_tokenizer(self, tokenizer: Any) -> None:
+        """Refuse a tokenizer whose ids mean other tokens than at training time (``check_tokenizer``)."""
+        check_tokenizer(self.metadata, tokenizer, f"{self.kind} heads")
 
     @property
     def target_embed(self) -> nn.Module:
@@ -85,16 +100,18 @@ class HeadsBase(nn.Module):
     def save_pretrained(self, path: str | Path, card: bool = True) -> Path:
         """Write the checkpoint atomically: a temp folder beside ``path``, then rename."""
         path = Path(path)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        check_finite(tensors, f"refusing to save {self.kind} heads to {path}")  # a diverged run must not publish
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         try:
-            tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "kind": self.kind})
             (tmp / "config.json").write_text(json.dumps(self.config_dict(), indent=2) + "\n")
             if card:
                 from .card import model_card
 
                 (tmp / "README.md").write_text(model_card(self.config_dict()))
+            publish_mode(tmp)
             if path.exists():
                 old = path.with_name(f".{path.name}.old")
                 shutil.rmtree(old, ignore_errors=True)
@@ -108,18 +125,27 @@ class HeadsBase(nn.Module):
         return path
 
     @classmethod
-    def _from_config_dict(cls, cfg: dict[str, Any]) -> "HeadsBase":
+    def _from_config_dict(cls, cfg: dict[str, Any], where: str = "config") -> "HeadsBase":
         fields = {f.name for f in dataclasses.fields(cls.config_class)}
-        config = from_dict(cls.config_class, {k: v for k, v in cfg.items() if k in fields})
-        target = TargetInfo(**cfg["target"]) if cfg.get("target") else None
+        try:
+            config = from_dict(cls.config_class, {k: v for k, v in cfg.items() if k in fields})
+        except ConfigError as e:
+            raise HeadsError(f"{where}: {e}") from None
+        target, metadata = cfg.get("target"), cfg.get("metadata") or {}
+        try:
+            target = TargetInfo(**target) if target else None
+        except TypeError as e:
+            raise HeadsError(f"{where}: 'target' must be an object with the fields of TargetInfo ({e})") from None
+        if not isinstance(metadata, dict):
+            raise HeadsError(f"{where}: 'metadata' must be a JSON object, got {type(metadata).__name__}")
         heads = cls(config, target_info=target)
-        heads.metadata = dict(cfg.get("metadata") or {})
+        heads.metadata = dict(metadata)
         return heads
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, target: nn.Module | None = None,
-                        revision: str | None = None) -> "HeadsBase":
-        return load_heads(name_or_path, target=target, revision=revision, expected=cls)
+                        revision: str | None = None, tokenizer: Any = None) -> "HeadsBase":
+        return load_heads(name_or_path, target=target, revision=revision, expected=cls, tokenizer=tokenizer)
 
     def push_to_hub(self, repo_id: str, private: bool = False, revision: str | None = None,
                     token: str | None = None) -> str:
@@ -201,10 +227,62 @@ def read_config(path: Path) -> dict[str, Any]:
     f = path / "config.json"
     if not f.is_file():
         raise HeadsError(f"{path} has no config.json; is it a headway heads checkpoint?")
-    cfg = json.loads(f.read_text())
+    cfg = read_json_object(f, HeadsError)
     if "kind" not in cfg:
         raise HeadsError(f"{f} has no 'kind'; not a headway checkpoint (use `headway import` for reference formats)")
+    if not isinstance(cfg["kind"], str):
+        raise HeadsError(f"{f}: 'kind' must be a string, got {cfg['kind']!r}")
     return cfg
+
+
+def check_tokenizer(metadata: dict[str, Any], tokenizer: Any, what: str = "heads") -> None:
+    """Refuse a tokenizer whose fingerprint differs from the one in the heads' ``metadata``, naming
+    both. Heads saved before fingerprints existed (none recorded), or no tokenizer, pass."""
+    recorded = (metadata or {}).get(TOKENIZER_KEY)
+    if recorded is None or tokenizer is None:
+        return
+    from ..tokenizer import tokenizer_fingerprint
+
+    current = tokenizer_fingerprint(tokenizer)
+    if current != recorded:
+        raise HeadsError(f"{what} were trained with a tokenizer of fingerprint {recorded}, but this target's "
+                         f"tokenizer has fingerprint {current}: the same ids mean other tokens; use the target "
+                         "(and tokenizer) the heads were trained for")
+
+
+def read_tensors(f: Path, error: type[HeadwayError] = HeadsError) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a missing, empty, truncated or foreign file is one ``error``
+    line naming the file (safetensors' own error names neither the file nor the likely cause)."""
+    if not f.is_file():
+        raise error(f"{f.parent} has no {f.name}")
+    if f.stat().st_size == 0:
+        raise error(f"{f}: the file is empty (an interrupted save or download?)")
+    try:
+        return load_file(str(f))
+    except OSError as e:
+        raise error(f"{f}: cannot read ({e.strerror or type(e).__name__})") from None
+    except SafetensorError as e:
+        why = " ".join(str(e).split()).removeprefix("Error while deserializing header: ")
+        raise error(f"{f}: not a readable safetensors file ({why}); it is probably truncated or corrupt") from None
+
+
+def check_finite(tensors: dict[str, torch.Tensor], where: str, error: type[HeadwayError] = HeadsError) -> None:
+    """Refuse weights holding NaN or Inf, naming the tensor: they would draft garbage silently."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            raise error(f"{where}: tensor '{name}' has {nan} NaN and {inf} infinite values of {t.numel()}")
+
+
+def publish_mode(folder: Path) -> None:
+    """Give a ``tempfile.mkdtemp`` folder (always drwx------) and the files in it the modes a plain
+    mkdir / open would have, before it is renamed into place: published heads are as readable as
+    any other output. (safetensors writes its files -rw------- too.)"""
+    mask = os.umask(0o022)  # reading the umask means setting it; restored at once
+    os.umask(mask)
+    os.chmod(folder, 0o777 & ~mask)
+    for p in folder.rglob("*"):
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
 
 
 def load_state_strict(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
@@ -231,19 +309,21 @@ def heads_class(kind: str) -> type[HeadsBase]:
 
 
 def load_heads(name_or_path: str | Path, target: nn.Module | None = None, revision: str | None = None,
-               expected: type[HeadsBase] | None = None) -> HeadsBase:
-    """Load any headway checkpoint; with ``target`` given, check it and attach."""
+               expected: type[HeadsBase] | None = None, tokenizer: Any = None) -> HeadsBase:
+    """Load any headway checkpoint; with ``target`` given, check it (and ``tokenizer``) and attach."""
     path = resolve_checkpoint(name_or_path, revision)
     cfg = read_config(path)
     cls = heads_class(cfg["kind"])
     if expected is not None and expected is not HeadsBase and cls is not expected:
         raise HeadsError(f"{path} holds '{cfg['kind']}' heads, not '{expected.kind}'")
-    heads = cls._from_config_dict(cfg)
+    heads = cls._from_config_dict(cfg, str(path / "config.json"))
     weights = path / "model.safetensors"
-    if not weights.is_file():
-        raise HeadsError(f"{path} has no model.safetensors")
-    load_state_strict(heads, load_file(str(weights)), str(weights))
+    tensors = read_tensors(weights)
+    check_finite(tensors, str(weights))
+    load_state_strict(heads, tensors, str(weights))
     if target is not None:
-        heads.attach(target)
+        heads.attach(target, tokenizer)
         heads.to(device=next(target.parameters()).device)
+    else:
+        heads.check_tokenizer(tokenizer)
     return heads.eval()

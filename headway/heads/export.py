@@ -54,13 +54,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from .. import __version__
 from ..config import opt
 from ..errors import HeadwayError
-from .base import HeadsBase, heads_class, read_config, resolve_checkpoint
+from .base import (HeadsBase, check_finite, check_tokenizer, heads_class, publish_mode, read_config, read_tensors,
+                   resolve_checkpoint)
 
 FORMATS = ("vllm", "sglang", "trtllm")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -350,9 +351,7 @@ def read_heads(source: str | Path | HeadsBase, revision: str | None = None
     path = resolve_checkpoint(source, revision)
     cfg = read_config(path)
     weights = path / "model.safetensors"
-    if not weights.is_file():
-        raise ExportError(f"{path} has no model.safetensors")
-    return cfg, load_file(str(weights)), str(weights)
+    return cfg, read_tensors(weights, ExportError), str(weights)
 
 
 def target_lm_head(target: nn.Module | str | Path | None, cfg: dict[str, Any]) -> torch.Tensor | None:
@@ -363,7 +362,8 @@ def target_lm_head(target: nn.Module | str | Path | None, cfg: dict[str, Any]) -
         from ..data.targets import resolve_target_path
         from ..target import load_target
 
-        target, _ = load_target(resolve_target_path(str(target)), device="cpu")
+        target, tokenizer = load_target(resolve_target_path(str(target)), device="cpu")
+        check_tokenizer(cfg.get("metadata") or {}, tokenizer, f"{cfg['kind']} heads")
     from ..target import TargetInfo
 
     if cfg.get("target"):
@@ -390,6 +390,7 @@ def build_export(source: str | Path | HeadsBase, fmt: str, target: nn.Module | s
         engines = [f for k, f in EXPORTERS if k == kind]
         raise ExportError(f"{kind} heads cannot be exported to {fmt}; formats for {kind}: {', '.join(engines)}")
     check_tensors(tensors, native_spec(cfg), f"heads checkpoint {where}")
+    check_finite(tensors, f"heads checkpoint {where}", ExportError)  # an engine would load NaN weights silently
     lm_head = target_lm_head(target, cfg) if kind == "medusa" and not cfg["own_lm_head"] else None
     out_dtype = dtype or str(next(v.dtype for v in tensors.values() if v.is_floating_point())).removeprefix("torch.")
     ex = fn(cfg, tensors, lm_head, out_dtype)
@@ -414,6 +415,7 @@ def write_atomic(out: Path, files: dict[str, Callable[[Path], None]]) -> Path:
     try:
         for name, write in files.items():
             write(tmp / name)
+        publish_mode(tmp)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
             os.rename(out, old / "x")

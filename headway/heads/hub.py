@@ -73,12 +73,14 @@ def push_heads(heads: str | Path, repo_id: str, private: bool = False, revision:
     folder = Path(heads).expanduser()
     if not folder.is_dir():
         raise HubError(f"heads folder not found: {folder}")
-    from .base import read_config
+    from .base import check_finite, read_config, read_tensors
 
     read_config(folder)  # a headway checkpoint, not any folder
     for name in ("model.safetensors", "README.md"):
         if not (folder / name).is_file():
             raise HubError(f"{folder} has no {name}; save it with save_pretrained (which writes the model card)")
+    weights = folder / "model.safetensors"  # never publish a truncated file or NaN weights
+    check_finite(read_tensors(weights, HubError), str(weights), HubError)
     return push_folder(folder, repo_id, private=private, revision=revision, token=token, endpoint=endpoint)
 
 

@@ -1,0 +1,283 @@
+"""Issue #14, bad input never passes silently: prompt files are read row-exact (a bad byte costs
+its own line and nothing else), broken checkpoint / target / config files are one clear error
+line, non-finite heads are refused, heads know their tokenizer, published folders follow the umask."""
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from headway.cli import main
+from headway.data.errors import BadRowError, DataError
+from headway.data.sources import read_samples
+from headway.heads import HeadsError, MedusaHeads, load_heads
+from headway.heads.base import TOKENIZER_KEY
+from headway.heads.export import ExportError, export_heads
+from headway.target import TargetError, load_target
+from headway.testing import save_tiny_target, tiny_target, tiny_tokenizer
+from headway.tokenizer import tokenizer_fingerprint
+
+
+@pytest.fixture(scope="module")
+def target():
+    model, _ = tiny_target("llama", num_hidden_layers=2)
+    return model
+
+
+@pytest.fixture
+def heads_dir(target, tmp_path):
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(0, 0.05)
+    return heads.save_pretrained(tmp_path / "heads")
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return save_tiny_target(tmp_path_factory.mktemp("target") / "llama", "llama", num_hidden_layers=2)
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    """Run the CLI, expect exit status 2 and exactly one line on stderr; return it."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+# -- 1. prompt files are read row-exact -----------------------------------------------------------
+ROWS = [json.dumps({"prompt": f"row {i}"}).encode() for i in range(2001)]
+BAD = b'{"prompt": "caf\xe9 au lait"}'  # latin-1, not UTF-8
+
+
+def test_jsonl_bad_byte_is_its_own_line_and_costs_nothing_else(tmp_path):
+    rows = list(ROWS)
+    rows[1000] = BAD  # line 1001 of 2001
+    p = tmp_path / "p.jsonl"
+    p.write_bytes(b"\n".join(rows) + b"\n")
+    with pytest.raises(BadRowError) as e:
+        read_samples(str(p))
+    assert str(e.value).startswith(f"{p}:1001: not UTF-8 (byte 0xe9")
+    res = read_samples(str(p), skip_bad_rows=True)
+    assert len(res.samples) == 2000 and len(res.bad) == 1 and res.bad[0].startswith(f"{p}:1001:")
+    assert [s.prompt for s in res.samples[999:1001]] == ["row 999", "row 1001"]
+    assert res.samples[-1].id == "2000"  # ids (the line index) are unchanged by the bad row
+
+
+def test_jsonl_bom_and_crlf_are_read(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(ROWS[:3]) + b"\r\n")
+    assert [s.prompt for s in read_samples(str(p)).samples] == ["row 0", "row 1", "row 2"]
+
+
+@pytest.mark.parametrize("layout", ["pretty", "one-line", "data-key"])
+def test_json_array_bad_byte_is_one_bad_row(tmp_path, layout):
+    chat = [json.dumps({"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}]}).encode()
+            for i in range(5)]
+    chat[2] = b'{"conversations": [{"from": "human", "value": "\xff"}]}'  # ShareGPT JSON, one bad row
+    body = {"pretty": b"[\n" + b",\n".join(chat) + b"\n]\n", "one-line": b"[" + b", ".join(chat) + b"]",
+            "data-key": b'{"data": [\n' + b",\n".join(chat) + b"\n]}\n"}[layout]
+    p = tmp_path / "sharegpt.json"
+    p.write_bytes(body)
+    line = 1 if layout == "one-line" else 4
+    with pytest.raises(BadRowError, match=rf"^{p}:{line}: not UTF-8 \(byte 0xff"):
+        read_samples(str(p))
+    res = read_samples(str(p), skip_bad_rows=True)
+    assert [s.messages[0]["content"] for s in res.samples] == ["q0", "q1", "q3", "q4"]
+    assert [s.id for s in res.samples] == ["0", "1", "3", "4"] and len(res.bad) == 1
+
+
+def test_json_array_rows_are_located_by_line(tmp_path):
+    p = tmp_path / "p.json"
+    p.write_text('[\n  {"prompt": "ok"},\n  {"prompt": ""},\n  {"prompt": "ok too"}\n]\n')
+    with pytest.raises(BadRowError, match=rf"^{p}:3: empty prompt"):
+        read_samples(str(p))
+    p.write_text('[\n  {"prompt": "ok"},\n  {"prompt": "x" "y"}\n]\n')  # broken structure: no row can be trusted
+    with pytest.raises(DataError, match=rf"^{p}:3: invalid JSON"):
+        read_samples(str(p))
+
+
+# -- 2. broken files are one clear line -----------------------------------------------------------
+def truncated(f: Path) -> None:
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+
+GARBLED_JSON = {
+    "invalid": (b'{"kind": "medusa",', "invalid JSON at line 1"),
+    "not-utf8": (b'{"kind": "med\xffusa"}', "not UTF-8 (byte 0xff at line 1, column 14)"),
+    "list": (b'["kind", "medusa"]', "expected a JSON object {...} at the top level, got a JSON list"),
+    "empty": (b"", "the file is empty"),
+}
+
+
+@pytest.mark.parametrize("case", ["empty", "truncated"])
+def test_broken_heads_weights_are_one_line(heads_dir, tmp_path, capsys, case):
+    f = heads_dir / "model.safetensors"
+    f.write_bytes(b"") if case == "empty" else truncated(f)
+    with pytest.raises(HeadsError, match=f"^{f}: " + ("the file is empty" if case == "empty" else
+                                                     "not a readable safetensors file")):
+        load_heads(heads_dir)
+    err = one_line_error(capsys, ["export", str(heads_dir), "--format", "vllm", "--out", str(tmp_path / "x")])
+    assert str(f) in err
+
+
+@pytest.mark.parametrize("case", GARBLED_JSON)
+def test_garbled_heads_config_is_one_line(heads_dir, tmp_path, capsys, case):
+    body, what = GARBLED_JSON[case]
+    (heads_dir / "config.json").write_bytes(body)
+    with pytest.raises(HeadsError) as e:
+        MedusaHeads.from_pretrained(heads_dir)
+    assert str(e.value).startswith(f"{heads_dir / 'config.json'}: ") and what in str(e.value)
+    err = one_line_error(capsys, ["export", str(heads_dir), "--format", "vllm", "--out", str(tmp_path / "x")])
+    assert what in err
+
+
+@pytest.mark.parametrize("case", ["weights-empty", "weights-truncated", *GARBLED_JSON])
+def test_broken_target_folder_is_one_line(target_dir, tmp_path, case):
+    d = tmp_path / "target"
+    shutil.copytree(target_dir, d)
+    if case.startswith("weights"):
+        f = d / "model.safetensors"
+        f.write_bytes(b"") if case == "weights-empty" else truncated(f)
+        what = "the file is empty" if case == "weights-empty" else "not a readable safetensors file"
+    else:
+        f = d / "config.json"
+        body, what = GARBLED_JSON[case]
+        f.write_bytes(body)
+    with pytest.raises(TargetError) as e:
+        load_target(str(d), device="cpu")
+    assert str(e.value).startswith(f"{f}: ") and what in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, body, what", [
+    ("c.yaml", b"source: [a, b\nmax_new_tokens: 3\n", "invalid YAML at line 2"),
+    ("c.yaml", b"source: p.jsonl\n  bad: indent\n", "invalid YAML at line 2, column 6"),
+    ("c.yaml", b"source: caf\xe9.jsonl\n", "not UTF-8 (byte 0xe9 at line 1, column 12)"),
+    ("c.yaml", b"- source\n- p.jsonl\n", "the top level must be a mapping of keys to values, got a list"),
+    ("c.json", b'{"source": "p.jsonl",}', "invalid JSON at line 1, column 22"),
+    ("c.json", b'["source"]', "expected a JSON object {...} at the top level, got a JSON list"),
+])
+def test_garbled_command_config_is_one_line(tmp_path, capsys, name, body, what):
+    f = tmp_path / name
+    f.write_bytes(body)
+    err = one_line_error(capsys, ["distill", "--config", str(f)])
+    assert err.startswith(f"headway distill: error: {f}: ") and what in err
+
+
+# -- 3. non-finite heads --------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_heads_are_refused_on_load_save_and_export(heads_dir, tmp_path, bad):
+    f = heads_dir / "model.safetensors"
+    tensors = {k: v.clone() for k, v in load_file(str(f)).items()}  # not mmapped: f is rewritten
+    name = sorted(tensors)[1]
+    tensors[name][0, 0] = bad
+    save_file(tensors, str(f))
+    with pytest.raises(HeadsError, match=f"tensor '{name}' has"):
+        load_heads(heads_dir)
+    with pytest.raises(ExportError, match=f"tensor '{name}' has"):
+        export_heads(heads_dir, "vllm", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+    heads = MedusaHeads.for_target(tiny_target("llama", num_hidden_layers=2)[0], num_heads=2)
+    with torch.no_grad():
+        dict(heads.named_parameters())[name].view(-1)[3] = bad
+    with pytest.raises(HeadsError, match=f"refusing to save medusa heads to .*tensor '{name}' has"):
+        heads.save_pretrained(tmp_path / "nan-heads")
+    assert not (tmp_path / "nan-heads").exists() and not list(tmp_path.glob(".nan-heads*"))
+
+
+def test_push_refuses_truncated_or_non_finite_weights(heads_dir, monkeypatch):
+    from headway.heads.hub import HubError, push_heads
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # fail on the checkpoint, before any network step
+    monkeypatch.setattr("headway.heads.hub.push_folder", lambda *a, **k: pytest.fail("pushed a bad checkpoint"))
+    f = heads_dir / "model.safetensors"
+    tensors = {k: v.clone() for k, v in load_file(str(f)).items()}  # not mmapped: f is rewritten
+    truncated(f)
+    with pytest.raises(HubError, match=f"^{f}: not a readable safetensors file"):
+        push_heads(heads_dir, "someorg/heads")
+    name = sorted(tensors)[0]
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(f))
+    with pytest.raises(HubError, match=f"tensor '{name}' has 1 NaN"):
+        push_heads(heads_dir, "someorg/heads")
+
+
+# -- 4. tokenizer fingerprint ---------------------------------------------------------------------
+def swapped(tok):
+    """The same tokenizer with two tokens' ids exchanged: same size, other meaning."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    a, b = [k for k, v in vocab.items() if v in (300, 301)]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+                                   bos_token=tok.bos_token, eos_token=tok.eos_token, pad_token=tok.pad_token)
+
+
+def test_tokenizer_fingerprint_is_stable_and_sensitive(target_dir):
+    tok = tiny_tokenizer()
+    fp = tokenizer_fingerprint(tok)
+    assert fp.startswith("sha256:") and len(fp) == len("sha256:") + 16
+    _, reloaded = load_target(str(target_dir), device="cpu")  # what training and decoding both see
+    assert tokenizer_fingerprint(reloaded) == fp
+    assert tokenizer_fingerprint(swapped(tok)) != fp and len(swapped(tok)) == len(tok)
+
+
+def test_heads_refuse_a_tokenizer_other_than_their_training_one(target, tmp_path):
+    tok = tiny_tokenizer()
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    heads.record_tokenizer(tok)
+    path = heads.save_pretrained(tmp_path / "h")
+    assert json.loads((path / "config.json").read_text())["metadata"][TOKENIZER_KEY] == tokenizer_fingerprint(tok)
+    load_heads(path, target=target, tokenizer=tok)  # same tokenizer: fine
+    other = swapped(tok)
+    with pytest.raises(HeadsError) as e:
+        load_heads(path, target=target, tokenizer=other)
+    msg = str(e.value)
+    assert tokenizer_fingerprint(tok) in msg and tokenizer_fingerprint(other) in msg
+    with pytest.raises(HeadsError, match="fingerprint"):
+        MedusaHeads.from_pretrained(path).attach(target, tokenizer=other)
+
+
+def test_heads_without_a_fingerprint_load_with_any_tokenizer(heads_dir, target):
+    assert TOKENIZER_KEY not in json.loads((heads_dir / "config.json").read_text())["metadata"]
+    load_heads(heads_dir, target=target, tokenizer=swapped(tiny_tokenizer()))
+
+
+# -- 5. published folders follow the umask --------------------------------------------------------
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_heads_and_export_folders_follow_the_umask(target, tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        heads = MedusaHeads.for_target(target, num_heads=2)
+        saved = heads.save_pretrained(tmp_path / "heads")
+        exported = export_heads(saved, "vllm", tmp_path / "export")
+        again = heads.save_pretrained(tmp_path / "heads")  # replacing an existing folder too
+    finally:
+        os.umask(old)
+    for folder in (saved, exported, again):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o777 & ~umask
+        for f in folder.iterdir():
+            assert stat.S_IMODE(os.stat(f).st_mode) == 0o666 & ~umask
+
+
+def test_the_decoder_refuses_heads_trained_with_another_tokenizer(target, tmp_path):
+    from headway.decode import Speculator
+
+    tok = tiny_tokenizer()
+    heads = MedusaHeads.for_target(target, num_heads=2)
+    heads.record_tokenizer(tok)
+    path = heads.save_pretrained(tmp_path / "h")
+    Speculator.from_pretrained(target, path, tokenizer=tok)  # the training tokenizer: fine
+    with pytest.raises(HeadsError, match="fingerprint"):
+        Speculator.from_pretrained(target, path, tokenizer=swapped(tok))
