@@ -9,7 +9,7 @@ import torch
 from headway.cli import main
 from headway.data import distill as distill_mod
 from headway.data.distill import DistillConfig, distill, load_distilled
-from headway.data.errors import BadRowError, ChatTemplateError, ResumeMismatchError
+from headway.data.errors import BadRowError, ChatTemplateError, DataError, ResumeMismatchError
 from headway.data.generation import SamplingSettings, generate_batch
 from headway.data.vocab import load_token_counts, token_frequencies
 from headway.target import load_target
@@ -209,3 +209,52 @@ def test_shipped_demo_config_loads():
 
     cfg = load_config(DistillConfig, Path(__file__).parents[1] / "configs" / "distill-demo.yaml")
     assert cfg.source == "demo:train" and cfg.target == "demo"
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from headway.data.distill import output_lock
+with output_lock(Path(sys.argv[1])):
+    print("locked", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_second_distill_into_the_same_folder_is_refused(llama_dir, tmp_path):
+    """Another process writing the folder (its lock held) -> one clear line, not a raw OSError later."""
+    import os
+    import subprocess
+    import sys
+
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS[:2]])
+    out = tmp_path / "out"
+    repo = str(Path(__file__).resolve().parents[1])
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(DataError) as e:
+            distill(cfg_for(llama_dir, src, out))
+        assert str(e.value) == (f"{out} is being written by another headway process (pid {holder.pid}); wait for "
+                                "it to finish, or choose another output folder")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(load_distilled(distill(cfg_for(llama_dir, src, out)))) == 2  # the lock died with its process
+
+
+def test_a_folder_of_another_distill_config_is_refused_before_the_target_loads(llama_dir, tmp_path, monkeypatch):
+    import headway.target
+
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS[:2]])
+    out = distill(cfg_for(llama_dir, src, tmp_path / "out"))
+    with monkeypatch.context() as m:
+        m.setattr(headway.target, "load_target", lambda *a, **k: pytest.fail("the target loaded before the refusal"))
+        with pytest.raises(ResumeMismatchError) as e:
+            distill(cfg_for(llama_dir, src, out, max_new_tokens=5))
+    assert str(e.value) == (f"{out} holds a finished dataset made with max_new_tokens=12, but this run has "
+                            "max_new_tokens=5; rerun with the same settings, choose a new output folder, or pass "
+                            "--overwrite")
+    again = distill(cfg_for(llama_dir, src, out, max_new_tokens=5, overwrite=True))  # --overwrite replaces it
+    assert json.loads((again / "headway_distill.json").read_text())["settings"]["max_new_tokens"] == 5

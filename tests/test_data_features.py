@@ -146,3 +146,17 @@ def test_partial_rows_and_a_pickled_store(distilled, tmp_path):
     assert list(row["features"]) == ["final"] and row["features"]["final"].shape == (5, 64)
     assert torch.equal(copy.row(3, ["final"], 5)["features"]["final"], row["features"]["final"])
     assert torch.equal(copy[3]["hidden_states.1"], store[3]["hidden_states.1"])
+
+
+def test_a_second_writer_of_a_features_folder_is_refused(distilled, tmp_path):
+    import fcntl
+
+    out = tmp_path / "f"
+    out.mkdir()
+    with open(out / ".lock", "w") as f:  # another writer holds the lock (flock: per open file, even in-process)
+        f.write("4242\n")
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(DataError, match=r"is being written by another headway process \(pid 4242\)"):
+            features(fcfg(distilled, out))
+    assert len(FeatureStore(features(fcfg(distilled, out)))) == len(PROMPTS)  # released: it runs

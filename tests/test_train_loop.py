@@ -59,6 +59,9 @@ def test_medusa_trains_heads_and_leaves_target_bit_identical(setup, tmp_path, ow
 
     meta = json.loads((final / "config.json").read_text())["metadata"]
     assert meta["training"]["steps"] == 6 and meta["training"]["world_size"] == 1
+    from headway.tokenizer import tokenizer_fingerprint
+
+    assert meta["tokenizer_fingerprint"] == tokenizer_fingerprint(tok)  # checked by the decoder
     ev = meta["eval"]
     assert len(ev["top1"]) == 3 and len(ev["top5"]) == 3 and 1.0 <= ev["tau"] <= 4.0 and ev["positions"] > 0
     assert "Measured acceptance" in (final / "README.md").read_text()

@@ -6,6 +6,7 @@ Output folder (``cfg.output``)::
     shards/shard-XXXXX/         one datasets folder per ``shard_size`` prompts, + shard.json stats
     data-*.arrow, state.json, dataset_info.json   the merged dataset (``load_distilled``)
     token_counts.safetensors    token frequencies over the answers (EAGLE-3 draft vocab)
+    .lock                       flock'ed by the process writing the folder (a second writer is refused)
 
 Rows: ``index`` (position in the prompt stream), ``id`` (the source row's id), ``input_ids``,
 ``loss_mask`` (1 exactly on the tokens the target wrote, its stop token included),
@@ -15,16 +16,18 @@ shards; the result equals a single-process run.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..config import check_choice, opt
-from .errors import DataError
+from .errors import DataError, ResumeMismatchError
 from .generation import SamplingSettings, generate_batch, stop_token_ids
 from .plans import OVERLONG, PROMPT_FORMATS, Plan, fit_budget, make_plan
 from .shards import (atomic_path, check_settings, complete_shards, digest, owned_shards, read_json, remove_stale,
@@ -32,6 +35,7 @@ from .shards import (atomic_path, check_settings, complete_shards, digest, owned
 from .sources import SourceResult, read_samples
 
 MANIFEST = "headway_distill.json"
+LOCK = ".lock"  # held (flock) by the process writing the folder; see output_lock
 SHARD_STATS = "shard.json"
 FORMAT = "headway-distilled"
 
@@ -191,11 +195,11 @@ def distill(cfg: DistillConfig) -> Path:
     """Distil ``cfg.source`` with ``cfg.target`` into ``cfg.output``; resumable, multi-process aware."""
     from .progress import quiet_datasets
 
-    with quiet_datasets():
-        return _distill(cfg)
+    with quiet_datasets(), contextlib.ExitStack() as hold:  # hold: the output folder's lock, until we return
+        return _distill(cfg, hold)
 
 
-def _distill(cfg: DistillConfig) -> Path:
+def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     from ..target import TargetInfo, load_target
     from .chat import load_chat_template
     from .progress import TokenProgress, console
@@ -205,7 +209,9 @@ def _distill(cfg: DistillConfig) -> Path:
     out = Path(cfg.output).expanduser()
     procs = processes(cfg.device)
     if procs.is_main:
+        hold.enter_context(output_lock(out))
         prepare_output(out, cfg.overwrite, MANIFEST)
+        check_option_settings(out, cfg)  # before the target loads; prompts and template are compared below
     procs.barrier()
     with procs.state.main_process_first():
         target_path = resolve_target_path(cfg.target)
@@ -255,12 +261,67 @@ def _distill(cfg: DistillConfig) -> Path:
 
 
 def prepare_output(out: Path, overwrite: bool, manifest_name: str) -> None:
-    """Delete the folder on ``--overwrite``; refuse a non-empty folder that is not ours."""
-    if overwrite and out.exists():
-        shutil.rmtree(out)
-    if out.is_dir() and any(out.iterdir()) and not (out / manifest_name).is_file():
+    """Empty the folder on ``--overwrite``; refuse a non-empty folder that is not ours. The lock
+    file stays: this process may hold it."""
+    if overwrite and out.is_dir():
+        for p in out.iterdir():
+            if p.name != LOCK:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    elif overwrite and out.exists():
+        out.unlink()
+    if out.is_dir() and any(p.name != LOCK for p in out.iterdir()) and not (out / manifest_name).is_file():
         raise DataError(f"output folder {out} is not empty and holds no {manifest_name}; "
                         "choose another folder or pass --overwrite")
+
+
+@contextlib.contextmanager
+def output_lock(folder: Path, error: type[Exception] = DataError) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``folder/.lock`` while this process writes ``folder``: a second
+    headway process writing the same folder fails at once with ``error``, naming the holder,
+    instead of interleaving shards and dying later on a raw OSError. The kernel drops the lock when
+    the process ends (even on kill -9), so a stale file never blocks; the file itself stays, since
+    unlinking it would let a third process lock a fresh inode while the second holds the old one."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unguarded, as before
+        yield
+        return
+    if folder.exists() and not folder.is_dir():
+        raise error(f"output folder {folder} is a file; choose another folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # BlockingIOError: another process holds it
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise error(f"{folder} is being written by another headway process (pid {holder}); wait for it to "
+                        "finish, or choose another output folder") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check_option_settings(out: Path, cfg: DistillConfig) -> None:
+    """Refuse, before the target loads, a folder distilled with other options (``check_settings``
+    compares the rest, the prompts and chat template, once they are known)."""
+    path = out / MANIFEST
+    if not path.is_file():
+        return
+    manifest = read_json(path)
+    old = manifest.get("settings", {})
+    what = "a finished dataset" if manifest.get("complete") else "an unfinished distill run"
+    for key in SETTING_KEYS:
+        now = json.loads(json.dumps(getattr(cfg, key)))  # lists and tuples as JSON reads them back
+        if key in old and old[key] != now:
+            raise ResumeMismatchError(f"{out} holds {what} made with {key}={json.dumps(old[key])}, but this run has "
+                                      f"{key}={json.dumps(now)}; rerun with the same settings, choose a new output "
+                                      "folder, or pass --overwrite")
 
 
 def check_chat_inputs(src: SourceResult, template: str | None, cfg: DistillConfig) -> None:
@@ -273,13 +334,16 @@ def check_chat_inputs(src: SourceResult, template: str | None, cfg: DistillConfi
         require_template(template, cfg.target, f"{cfg.source} (row '{row}')")
 
 
+# the options that decide the rows (with the prompts and the chat template): a resume must match them all
+SETTING_KEYS = ("target", "revision", "adapter", "dtype", "source", "split", "limit", "prompt_tokens", "prompt_format",
+                "stop_tokens", "max_prompt_tokens", "overlong", "max_new_tokens", "temperature", "top_p", "top_k",
+                "seed", "shard_size", "skip_bad_rows")
+
+
 def distill_settings(cfg: DistillConfig, template: str | None, src: SourceResult) -> dict[str, Any]:
     """Everything that decides the rows: a resume must match all of it."""
     prompts = digest(repr([(s.id, s.messages, s.prompt) for s in src.samples]))
-    keep = ("target", "revision", "adapter", "dtype", "source", "split", "limit", "prompt_tokens", "prompt_format",
-            "stop_tokens", "max_prompt_tokens", "overlong", "max_new_tokens", "temperature", "top_p", "top_k",
-            "seed", "shard_size", "skip_bad_rows")
-    settings = {k: getattr(cfg, k) for k in keep}
+    settings = {k: getattr(cfg, k) for k in SETTING_KEYS}
     settings["chat_template"] = digest(template) if template else None
     settings["prompts"] = f"{len(src.samples)} rows, sha256 {prompts}"
     return settings

@@ -12,6 +12,7 @@ Output folder::
     shard-XXXXX.safetensors    per layer key one (tokens, H) tensor for all rows of the shard, concatenated;
                                input_ids (tokens,) int32, loss_mask (tokens,) int8,
                                offsets (rows + 1,) int64 and index (rows,) int64 (dataset rows)
+    .lock                      flock'ed by the process writing the folder (a second writer is refused)
 
 ``target_features`` is the one function that computes features, here and in online training.
 """
@@ -19,6 +20,7 @@ Output folder::
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -147,7 +149,10 @@ def shard_tensors(model: nn.Module, rows: list[dict[str, Any]], layers: Sequence
         ids, mask = right_pad(batch, pad_id, device)  # (B, T)
         feats = target_features(model, ids, mask, layers)
         for k, f in feats.items():
-            parts[k] += [f[i, : len(r)].to("cpu", store_dtype) for i, r in enumerate(batch)]  # (T_i, H)
+            stored = [f[i, : len(r)].to("cpu", store_dtype) for i, r in enumerate(batch)]  # each (T_i, H)
+            for i, x in enumerate(stored):
+                check_finite_row(x, f[i, : len(batch[i])], k, rows[b + i].get("index", b + i))
+            parts[k] += stored
         if on_batch is not None:
             on_batch(len(batch), sum(len(r) for r in batch))
     lengths = torch.tensor([len(r["input_ids"]) for r in rows], dtype=torch.int64)
@@ -157,6 +162,19 @@ def shard_tensors(model: nn.Module, rows: list[dict[str, Any]], layers: Sequence
     tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     tensors["index"] = torch.tensor([r["index"] for r in rows], dtype=torch.int64)
     return tensors
+
+
+def check_finite_row(stored: torch.Tensor, computed: torch.Tensor, key: str, row: int) -> None:
+    """Refuse to store NaN/inf features: training on them would only fail later, far from the cause.
+    ``stored`` (T, H) is the row in the store dtype, ``computed`` the same row as the target gave it."""
+    if bool(torch.isfinite(stored).all()):
+        return
+    if bool(torch.isfinite(computed).all()):
+        raise DataError(f"dataset row {row}: the target's {key} hidden states overflow --store_dtype "
+                        f"{str(stored.dtype).split('.')[-1]} (max |x| {float(computed.abs().max()):.3g}); "
+                        "store them as bfloat16 or float32")
+    raise DataError(f"dataset row {row}: the target's {key} hidden states are NaN/inf; nothing of its shard was "
+                    "stored. Check the target's weights, or run it in another --dtype (float16 overflows)")
 
 
 def write_feature_shard(folder: Path, j: int, tensors: dict[str, torch.Tensor]) -> Path:
@@ -172,8 +190,13 @@ def write_feature_shard(folder: Path, j: int, tensors: dict[str, torch.Tensor]) 
 
 def features(cfg: FeaturesConfig) -> Path:
     """Compute and store the features of ``cfg.dataset``; resumable, multi-process aware."""
+    with contextlib.ExitStack() as hold:  # hold: the output folder's lock, until we return
+        return _features(cfg, hold)
+
+
+def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
     from ..target import TargetInfo, load_target
-    from .distill import MANIFEST as DISTILL_MANIFEST, load_distilled, prepare_output
+    from .distill import MANIFEST as DISTILL_MANIFEST, load_distilled, output_lock, prepare_output
     from .progress import TokenProgress, console
     from .runtime import processes
     from .targets import resolve_target_path
@@ -186,6 +209,7 @@ def features(cfg: FeaturesConfig) -> Path:
     target, revision = dataset_target(data_path, DISTILL_MANIFEST, cfg)
     procs = processes(cfg.device)
     if procs.is_main:
+        hold.enter_context(output_lock(out))
         prepare_output(out, cfg.overwrite, MANIFEST)
     procs.barrier()
     with procs.state.main_process_first():

@@ -1,5 +1,6 @@
 """Resumable checkpoints: ``output_dir/checkpoints/checkpoint-N``, written as ``checkpoint-N.tmp``
-then renamed, so a kill mid-write never leaves a corrupt "latest"."""
+then renamed, so a kill mid-write never leaves a corrupt "latest". ``output_dir/run.json`` records
+which run the folder belongs to."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadwayError
+from .metrics import json_safe
 
 STATE = "trainer_state.json"  # written last, inside the .tmp folder, before the rename
+RUN_FILE = "run.json"  # the fingerprint of the run output_dir belongs to
+RUN_OUTPUTS = ("checkpoints", "final", "log.jsonl", RUN_FILE, "logs", "wandb")  # what training writes there
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -68,7 +72,7 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: 
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        (tmp / STATE).write_text(json.dumps({**state, "step": step}, indent=2) + "\n")
+        (tmp / STATE).write_text(json.dumps(json_safe({**state, "step": step}), indent=2, allow_nan=False) + "\n")
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -86,3 +90,57 @@ def prune(output_dir: str | Path, keep: int) -> None:
     if keep > 0:
         for _, p in done[:-keep]:
             shutil.rmtree(p, ignore_errors=True)
+
+
+# -- which run a folder holds ----------------------------------------------------------------
+def folder_run(output_dir: str | Path) -> dict[str, Any] | None:
+    """The fingerprint of the run ``output_dir`` holds: its ``run.json``, else (folders written
+    before run.json existed) the newest checkpoint's; None for a folder no run has started in."""
+    path = Path(output_dir) / RUN_FILE
+    if path.is_file():
+        return json.loads(path.read_text())["run"]
+    done = complete_checkpoints(output_dir)
+    return read_state(done[-1][1]).get("run") if done else None
+
+
+def run_difference(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """``'key' was X, now Y`` for the first setting of ``now`` that ``saved`` records otherwise, or None."""
+    for key, value in now.items():
+        if key in saved and saved[key] != value:
+            return f"'{key}' was {saved[key]!r}, now {value!r}"
+    return None
+
+
+def write_run(output_dir: str | Path, run: dict[str, Any]) -> None:
+    """Claim ``output_dir`` for this run (temp file + rename: never a half-written run.json)."""
+    path = Path(output_dir) / RUN_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{RUN_FILE}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(json_safe({"run": run}), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def clear_run(output_dir: str | Path) -> None:
+    """``overwrite=true``: delete what a previous run wrote in ``output_dir`` (only that: an
+    output_dir given by mistake keeps its other files)."""
+    for name in RUN_OUTPUTS:
+        p = Path(output_dir) / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def umask_mode() -> int:
+    """The mode a plain ``mkdir`` gives under this process's umask (0o777 & ~umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o777 & ~mask
+
+
+def publish_dirs(root: Path) -> None:
+    """Give ``root`` and every folder under it the umask's mode: a folder made by
+    ``tempfile.mkdtemp`` (written, then renamed into place) is private (0o700) otherwise."""
+    mode = umask_mode()
+    for d in [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        d.chmod(mode)

@@ -7,14 +7,33 @@ this file carries what each key means. Every key can be overridden on the comman
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from ..config import check_choice, opt
+from ..config import ConfigError, check_choice, opt
 
 KINDS = ("medusa", "medusa2", "eagle1", "eagle3")
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("no", "bf16", "fp16", "auto")
 TRACKERS = ("none", "wandb", "tensorboard")
+
+# rule text -> test; a value of None (an unset optional) passes every rule
+RULES: dict[str, Callable[[float], bool]] = {
+    "> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, ">= 1": lambda x: x >= 1,
+    "in [0, 1)": lambda x: 0 <= x < 1, "in [0, 1]": lambda x: 0 <= x <= 1,
+}
+
+
+def check_numbers(section: Any, prefix: str, rules: dict[str, str]) -> None:
+    """Refuse NaN, infinity and out-of-range numbers at config load, naming the key and its rule
+    (a NaN lr would otherwise train silently to NaN heads). List values are checked item by item."""
+    for name, rule in rules.items():
+        value = getattr(section, name)
+        for x in value if isinstance(value, (list, tuple)) else [value]:
+            if x is not None and (isinstance(x, bool) or not math.isfinite(x) or not RULES[rule](x)):
+                what = "a finite number " if isinstance(x, float) else ""
+                raise ConfigError(f"'{prefix}{name}' must be {what}{rule}, got {value!r}")
 
 
 @dataclass
@@ -33,8 +52,9 @@ class OptimConfig:
         check_choice(self.schedule, SCHEDULES, "optim.schedule")
         if len(self.betas) != 2:
             raise ValueError(f"optim.betas needs two values, got {self.betas}")
-        if self.lr <= 0 or self.head_lr_mult <= 0:
-            raise ValueError("optim.lr and optim.head_lr_mult must be positive")
+        check_numbers(self, "optim.", {"lr": "> 0", "head_lr_mult": "> 0", "weight_decay": ">= 0",
+                                       "betas": "in [0, 1)", "eps": "> 0", "warmup_steps": ">= 0",
+                                       "min_lr_ratio": "in [0, 1]", "max_grad_norm": ">= 0"})
 
 
 @dataclass
@@ -52,6 +72,8 @@ class MedusaOptions:
                                              "it are ignored); needs own_lm_head; None = full target vocabulary")
 
     def __post_init__(self) -> None:
+        check_numbers(self, "medusa.", {"num_heads": ">= 1", "num_layers": ">= 0", "decay": "> 0",
+                                        "kl_weight": ">= 0", "topk": ">= 1"})
         if self.draft_vocab_size is not None and not self.own_lm_head:
             raise ValueError("medusa.draft_vocab_size needs medusa.own_lm_head=true (the shared target lm_head "
                              "covers the full vocabulary)")
@@ -81,6 +103,8 @@ class LoraOptions:
 
     def __post_init__(self) -> None:
         check_choice(self.quality_loss, ("kl", "lm"), "lora.quality_loss")
+        check_numbers(self, "lora.", {"r": ">= 1", "alpha": "> 0", "dropout": "in [0, 1)", "quality_weight": ">= 0",
+                                      "heads_weight": ">= 0", "heads_only_steps": ">= 0", "ramp_steps": ">= 0"})
 
 
 @dataclass
@@ -101,6 +125,11 @@ class EagleOptions:
     ce_weight: float = opt(0.1, "EAGLE-1 soft cross-entropy weight")
     noise: float = opt(0.2, "EAGLE-1 uniform noise width on input features (U(-noise/2, noise/2))")
     fc_bias: bool = opt(False, "bias on fc (vLLM's EAGLE-1 has none)")
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "eagle.", {"ttt_steps": ">= 1", "step_decay": "> 0", "hard_weight": ">= 0",
+                                       "draft_vocab_size": ">= 1", "aux_layers": ">= 0", "feature_weight": ">= 0",
+                                       "ce_weight": ">= 0", "noise": ">= 0"})
 
 
 @dataclass
@@ -137,6 +166,8 @@ class TrainConfig:
     keep_checkpoints: int = opt(2, "keep the newest N checkpoints (0 keeps all)")
     resume_from: str | None = opt(None, "'latest' (the newest complete checkpoint in output_dir, or a fresh start "
                                         "if none) or a checkpoint folder")
+    overwrite: bool = opt(False, "start fresh in an output_dir that holds another run (other settings): delete its "
+                                 "checkpoints, log and final heads first (other files stay)")
     report_to: str = opt("none", "experiment tracker", choices=TRACKERS)
     project: str = opt("headway", "tracker project name")
     run_name: str | None = opt(None, "tracker run name; None = derived from output_dir")
@@ -154,9 +185,7 @@ class TrainConfig:
         check_choice(self.kind, KINDS, "kind")
         check_choice(self.mixed_precision, PRECISIONS, "mixed_precision")
         check_choice(self.report_to, TRACKERS, "report_to")
-        if not 0 <= self.eval_fraction < 1:
-            raise ValueError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        if self.batch_size < 1 or self.grad_accum < 1:
-            raise ValueError("batch_size and grad_accum must be >= 1")
-        if self.max_steps is not None and self.max_steps < 0:
-            raise ValueError("max_steps must be >= 0")
+        check_numbers(self, "", {"eval_fraction": "in [0, 1)", "max_length": ">= 1", "max_steps": ">= 0",
+                                 "epochs": "> 0", "stop_after": ">= 1", "batch_size": ">= 1", "grad_accum": ">= 1",
+                                 "save_every": ">= 0", "keep_checkpoints": ">= 0", "log_every": ">= 1",
+                                 "eval_every": ">= 0", "eval_max_batches": ">= 1", "num_workers": ">= 0"})

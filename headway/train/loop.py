@@ -28,15 +28,23 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import to_dict
 from ..errors import HeadwayError
-from .batch import TargetBatch, collate, collate_features, lm_head_logits, stored_batch, stored_keys, target_batch
-from .checkpoints import read_state, resolve_resume, save_checkpoint
+from .batch import (TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch, stored_keys,
+                    target_batch)
+from .checkpoints import (clear_run, folder_run, publish_dirs, read_state, resolve_resume, run_difference,
+                          save_checkpoint, write_run)
 from .config import OptimConfig, TrainConfig
 from .losses import IGNORE_INDEX, medusa_labels
+from .metrics import json_safe
 from .tasks import TASKS, ParamGroup, Task
 
 
 class TrainError(HeadwayError):
     """Training cannot start as configured; the message says why."""
+
+
+class NonFiniteError(TrainError):
+    """A NaN / infinite loss, gradient or weight stopped training; the message names the step and
+    the first non-finite input. Nothing of that step is saved."""
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -320,6 +328,16 @@ class TrainModule(nn.Module):
         return self.task.loss(self.heads, tb, step)
 
     @torch.no_grad()
+    def inspect(self, batch: dict[str, Any]) -> TargetBatch:
+        """The target's side of a batch with logits, to find where a NaN came from (failure path only)."""
+        if "features" not in batch:
+            return target_batch(self.run_target(), batch, self.layers, need_logits=True)
+        logits = self.stored_logits
+        if logits is None and "final" in batch["features"]:
+            logits = lm_head_logits(self.run_target().get_output_embeddings())
+        return stored_batch(batch, self.layers, logits, self.stored_device, self.stored_dtype)
+
+    @torch.no_grad()
     def evaluate(self, batch: dict[str, Any]) -> dict[str, Tensor]:
         tb = self.target_batch(batch, self.task.needs_logits() or self.adapted)
         stats = self.task.eval_stats(self.heads, tb)
@@ -412,11 +430,32 @@ def check_resumable(state: dict[str, Any], cfg: TrainConfig, global_batch: int, 
     if state.get("global_batch", global_batch) != global_batch:
         raise TrainError(f"cannot resume from {where}: it was trained with a global batch of {state['global_batch']} "
                          f"rows, this run has {global_batch} (batch_size x processes x grad_accum)")
-    saved, now = state.get("run", {}), run_fingerprint(cfg)
-    for key in RUN_KEYS:
-        if key in saved and saved[key] != now[key]:
-            raise TrainError(f"cannot resume from {where}: '{key}' was {saved[key]!r}, now {now[key]!r}; "
-                             "use the same settings or a new output_dir")
+    diff = run_difference(state.get("run", {}), run_fingerprint(cfg))
+    if diff:
+        raise TrainError(f"cannot resume from {where}: {diff}; use the same settings or a new output_dir")
+
+
+def check_run_folder(cfg: TrainConfig) -> None:
+    """A run folder belongs to one run: refuse an output_dir holding a run of other settings
+    (checkpoints, log and heads of two runs would mix), saying how to start fresh or resume."""
+    saved = None if cfg.overwrite else folder_run(cfg.output_dir)
+    diff = run_difference(saved, run_fingerprint(cfg)) if saved else None
+    if diff:
+        raise TrainError(f"output_dir {cfg.output_dir} holds another run ({diff}); start fresh with a new output_dir "
+                         "or overwrite=true (deletes its checkpoints, log and final heads), or continue that run "
+                         "with its own settings and resume_from=latest")
+
+
+def claim_run_folder(cfg: TrainConfig, hold: contextlib.ExitStack) -> None:
+    """Main process, before anything is written: lock output_dir for this process (a second
+    writer fails at once), check it holds no other run, and clear it on overwrite."""
+    from ..data.distill import output_lock
+
+    out = Path(cfg.output_dir)
+    hold.enter_context(output_lock(out, TrainError))
+    check_run_folder(cfg)
+    if cfg.overwrite:
+        clear_run(out)
 
 
 def total_steps(cfg: TrainConfig, n_rows: int, world: int) -> int:
@@ -480,7 +519,7 @@ class RunLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(json_safe(record), allow_nan=False) + "\n")  # NaN -> null: strict JSON lines
         if text and self.console is not None:
             self.console.print(text)
 
@@ -541,6 +580,61 @@ def progress_bar(enabled: bool) -> Any:
                     TextColumn("{task.fields[info]}"), disable=not enabled)
 
 
+# -- non-finite guards ----------------------------------------------------------------------
+def step_is_finite(accelerator: Any, loss: Tensor, grad_norm: Tensor | None) -> bool:
+    """One sync per step: the step's summed loss and its gradient norm are finite (on every process).
+    Under fp16 the grad scaler skips overflowing steps itself, so only the loss is checked there."""
+    ok = torch.isfinite(loss)
+    if grad_norm is not None and accelerator.scaler is None:
+        ok = ok & torch.isfinite(torch.as_tensor(grad_norm, device=ok.device))
+    if accelerator.num_processes > 1:  # every process must stop, not only the one with the NaN row
+        ok = accelerator.reduce(ok.float().reshape(1), reduction="sum") == accelerator.num_processes
+    return bool(ok.all())
+
+
+def non_finite_message(module: TrainModule, cfg: TrainConfig, step: int, batches: list[dict[str, Any]],
+                       losses: list[Tensor], grad_norm: Tensor | None) -> str:
+    """After a non-finite step: the first non-finite input, in the order the data flows (the
+    target's hidden states or the stored features, the target's logits, the loss, the gradient
+    norm), on the step's real tokens, as one line naming the step and what to do."""
+    head = f"training stopped at step {step}"
+    tail = "; nothing of this step was saved"
+    for i, batch in enumerate(batches):
+        where = f" (micro-batch {i + 1} of {len(batches)})" if len(batches) > 1 else ""
+        tb = module.inspect(batch)
+        real = tb.attention_mask.bool()  # (B, T): padding is never read
+        for layer, hidden in sorted(tb.hidden.items()):
+            if not bool(torch.isfinite(hidden[real]).all()):
+                key = feature_key(layer)
+                if "features" in batch:
+                    return (f"{head}: the stored features '{key}' in {cfg.features} are NaN/inf{where}; make them "
+                            f"again with headway features{tail}")
+                return (f"{head}: the target's hidden states '{key}' are NaN/inf{where}; check the target's weights "
+                        f"or its dtype (target_dtype={cfg.target_dtype}; float16 overflows){tail}")
+        if tb.logits is not None and not bool(torch.isfinite(tb.logits[real]).all()):
+            return (f"{head}: the target's logits are NaN/inf though its hidden states are finite{where}; check its "
+                    f"lm_head weights or target_dtype={cfg.target_dtype}{tail}")
+        if not bool(torch.isfinite(losses[i]).all()):
+            return (f"{head}: the loss is {float(losses[i])} though the target's hidden states and logits are "
+                    f"finite{where}: the heads diverged; lower optim.lr (now {cfg.optim.lr}) or set "
+                    f"optim.max_grad_norm{tail}")
+    norm = float(grad_norm) if grad_norm is not None else math.nan
+    return (f"{head}: the gradient norm is {norm} though the loss is finite; lower optim.lr (now {cfg.optim.lr}) "
+            f"or set optim.max_grad_norm{tail}")
+
+
+def non_finite_weight(module: TrainModule) -> str | None:
+    """The name of the first trainable weight that holds a NaN/inf (one sync), or None: heads with
+    such weights are never written."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        return None
+    finite = torch.stack([torch.isfinite(p.detach()).all() for _, p in named])  # (P,) bool
+    if bool(finite.all()):
+        return None
+    return named[int((~finite).nonzero()[0])][0]
+
+
 # -- the loop --------------------------------------------------------------------------------
 def train(cfg: TrainConfig) -> Path:
     """Train heads as configured; returns the final heads folder (or the checkpoint, if stopped early)."""
@@ -548,6 +642,7 @@ def train(cfg: TrainConfig) -> Path:
     from ..target import load_target
 
     check_data_paths(cfg)
+    check_run_folder(with_features_data(cfg))  # before a (possibly large) target loads; fit checks again, locked
     accelerator = make_accelerator(cfg)
     with accelerator.main_process_first():  # the demo target builds once, then everyone reads it
         target_path = resolve_target_path(cfg.target)
@@ -555,8 +650,18 @@ def train(cfg: TrainConfig) -> Path:
     return fit(cfg, target, tokenizer, accelerator)
 
 
+def with_features_data(cfg: TrainConfig) -> TrainConfig:
+    """Offline with ``data`` empty: the features' dataset (EAGLE-3's draft vocabulary is counted on it)."""
+    return replace(cfg, data=features_dataset(cfg)) if cfg.features and not cfg.data else cfg
+
+
 def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = None) -> Path:
     """``train`` on a target already loaded (frozen; moved to the accelerator's device, never wrapped)."""
+    with contextlib.ExitStack() as hold:  # hold: output_dir's lock, until training ends or fails
+        return _fit(cfg, target, tokenizer, accelerator, hold)
+
+
+def _fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any, hold: contextlib.ExitStack) -> Path:
     from accelerate.utils import set_seed
 
     if cfg.kind not in TASKS:  # the EAGLE tasks register themselves in TASKS on import
@@ -570,8 +675,7 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
     out = Path(cfg.output_dir)
     set_seed(cfg.seed)
     check_data_paths(cfg)
-    if cfg.features and not cfg.data:  # EAGLE-3's draft vocabulary is counted on the features' dataset
-        cfg = replace(cfg, data=features_dataset(cfg))
+    cfg = with_features_data(cfg)
     target.to(accelerator.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
 
@@ -605,6 +709,10 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
     inner: TrainModule = accelerator.unwrap_model(module)
     ev_loader = eval_loader(eval_rows, cfg, accelerator, pad_id) if eval_rows is not None else None
 
+    if accelerator.is_main_process:  # every refusal above wrote nothing; from here on the folder is ours
+        claim_run_folder(cfg, hold)
+    accelerator.wait_for_everyone()
+
     # resume
     step, tokens_seen, train_time = 0, 0, 0.0
     resume = resolve_resume(cfg.resume_from, out)
@@ -613,6 +721,8 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
         check_resumable(state, cfg, global_batch, resume)
         accelerator.load_state(str(resume), **({"strict": False} if adapted else {}))
         step, tokens_seen, train_time = state["step"], state["tokens"], state["train_time_s"]
+    if accelerator.is_main_process:  # the folder now belongs to this run
+        write_run(out, run_fingerprint(cfg))
     stop = min(steps, cfg.stop_after) if cfg.stop_after is not None else steps
     batches = accelerator.skip_first_batches(loader, step * cfg.grad_accum) if step else loader
 
@@ -632,8 +742,15 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
                    + (f", resuming at step {step}" if step else ""))
 
     def state() -> dict[str, Any]:
-        return {"tokens": tokens_seen, "train_time_s": train_time, "total_steps": steps, "world_size": world,
-                "global_batch": global_batch, "run": run_fingerprint(cfg)}
+        # + the tokens of the window not logged yet: a resume from a save between two log steps
+        # would otherwise restart the count without them (every process calls this: a collective)
+        pending = int(accelerator.reduce(window_tokens, reduction="sum"))
+        return {"tokens": tokens_seen + pending, "train_time_s": train_time, "total_steps": steps,
+                "world_size": world, "global_batch": global_batch, "run": run_fingerprint(cfg)}
+
+    def stop_non_finite(at: int, message: str) -> None:
+        log.write({"event": "non_finite", "step": at, "error": message})
+        raise NonFiniteError(message)
 
     params = [p for p in module.parameters() if p.requires_grad]
     it = iter(batches)
@@ -648,6 +765,7 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
         bar_task = bar.add_task("train", total=steps, completed=step, info="")
         while step < stop:
             t0 = time.perf_counter()
+            step_batches, step_losses = [], []
             for micro in range(cfg.grad_accum):
                 batch = next(it)
                 sync = contextlib.nullcontext() if micro == cfg.grad_accum - 1 else accelerator.no_sync(module)
@@ -657,8 +775,14 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
                 for k, v in {"loss": loss.detach(), **metrics}.items():
                     sums[k] = sums.get(k, 0) + v.detach().float() / cfg.grad_accum
                 window_tokens += batch["attention_mask"].sum()
-            if cfg.optim.max_grad_norm > 0:
-                accelerator.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+                step_batches.append(batch)
+                step_losses.append(loss.detach())
+            # the norm is computed anyway (clipping, or clip at inf = no-op): it and the loss are
+            # checked with the step's one sync, before a NaN can reach the weights
+            grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.max_grad_norm or math.inf)
+            if not step_is_finite(accelerator, torch.stack(step_losses).float().sum(), grad_norm):
+                stop_non_finite(step + 1, non_finite_message(inner, cfg, step + 1, step_batches, step_losses,
+                                                             grad_norm))
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -684,6 +808,11 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
                 log.write({"step": step, "eval": last_eval}, tracker=eval_scalars(last_eval), text=eval_text(last_eval))
                 window_start = time.perf_counter()
             if (cfg.save_every and step % cfg.save_every == 0) or step == stop:
+                bad = non_finite_weight(inner)
+                if bad:
+                    stop_non_finite(step, f"training stopped at step {step}: the weight {bad} is NaN/inf after the "
+                                          "optimiser step; no checkpoint was saved. Lower optim.lr or set "
+                                          "optim.max_grad_norm")
                 save_checkpoint(accelerator, out, step, state(), cfg.keep_checkpoints)
                 window_start = time.perf_counter()
 
@@ -696,6 +825,10 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
         last_eval = evaluate(inner, ev_loader, accelerator, cfg)
         log.write({"step": step, "eval": last_eval}, tracker=eval_scalars(last_eval), text=eval_text(last_eval))
     final = out / "final"
+    bad = non_finite_weight(inner)
+    if bad:
+        stop_non_finite(step, f"training stopped after step {step}: the weight {bad} is NaN/inf; the final heads "
+                              "were not saved. Lower optim.lr or set optim.max_grad_norm")
     if accelerator.is_main_process:
         inner.heads.metadata["training"] = {
             "kind": cfg.kind, "target": cfg.target, "data": str(cfg.data), "features": cfg.features,
@@ -703,9 +836,11 @@ def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = 
             "tokens": tokens_seen, "train_time_s": round(train_time, 2), "tokens_per_s": round(tokens_seen / max(train_time, 1e-9), 1),
             "final_loss": last_loss, "optim": asdict(cfg.optim), "seed": cfg.seed,
             "options": task_options(cfg)}
+        inner.heads.record_tokenizer(tokenizer)  # the decoder refuses a tokenizer whose ids mean other tokens
         if last_eval is not None:
             inner.heads.metadata["eval"] = last_eval
         task.save(inner.heads, accelerator.unwrap_model(module).run_target(), final)
+        publish_dirs(final)  # the heads are written to a private temp folder, then renamed
     accelerator.wait_for_everyone()
     log.write({"event": "done", "step": step, "final": str(final), "train_time_s": train_time,
                "tokens_per_s": tokens_seen / max(train_time, 1e-9)},

@@ -6,6 +6,7 @@ Stats are *sums* with fixed shapes so they can be added over batches and process
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -73,3 +74,16 @@ def summarize_heads(stats: dict[str, Tensor], topk: int = 5) -> dict[str, Any]:
         share = stats["vocab_in"].sum() / stats["vocab_tokens"].sum().clamp(min=1)
         out["draft_vocab_coverage"] = round(float(share), 4)
     return out
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every NaN / infinite float replaced by None (JSON null), in nested dicts,
+    lists and tuples: what ``json.dumps(..., allow_nan=False)`` accepts. Python's json writes bare
+    ``NaN`` / ``Infinity`` otherwise, which strict readers (jq, JavaScript, pandas' ujson) reject."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
