@@ -1,7 +1,10 @@
 """The ``headway`` command: argument parsing and dispatch, nothing else.
 
 Each subcommand is a config dataclass plus a function taking it, named below as
-"module:attribute" so that ``headway --help`` imports neither torch nor transformers.
+"module:attribute" so that ``headway --help`` imports neither torch nor transformers. The config
+dataclasses live in light modules (``build_config``, ``heads.configs``, ``decode.configs``, ...)
+so that ``headway <command> --help`` does not either (distill and features still do: their
+configs sit beside the code that runs them).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from . import __version__
 from .config import help_text, parse_cli
 from .errors import HeadwayError
 
@@ -28,7 +32,7 @@ COMMANDS: dict[str, Command] = {
                     "headway.demo:DemoConfig", "headway.demo:demo_cli"),
     "target build": Command("Build (or reuse from cache) a target: the demo (a small Llama trained on the stdlib source) "
                             "or a named real one (smollm2: SmolLM2-135M-Instruct from a PyPI wheel's GGUF).",
-                            "headway.demo_target:TargetBuildConfig", "headway.demo_target:build_cli"),
+                            "headway.build_config:TargetBuildConfig", "headway.demo_target:build_cli"),
     "distill": Command("Let the frozen target write the answers to prompts (self-distillation), in resumable shards.",
                        "headway.data.distill:DistillConfig", "headway.data.distill:distill_cli"),
     "tokenize": Command("Tokenise a dataset that already has answers: input_ids + assistant-only loss masks.",
@@ -36,9 +40,9 @@ COMMANDS: dict[str, Command] = {
     "features": Command("Store the target's hidden states over a distilled dataset (EAGLE offline mode).",
                         "headway.data.features:FeaturesConfig", "headway.data.features:features_cli"),
     "import": Command("Import a reference checkpoint (FasterDecoding Medusa, EAGLE-1/EAGLE-3 layouts) as native heads.",
-                      "headway.heads.importers:ImportConfig", "headway.heads.importers:import_cli"),
+                      "headway.heads.configs:ImportConfig", "headway.heads.importers:import_cli"),
     "export": Command("Export heads for an engine: vLLM (Medusa, EAGLE-1/3), SGLang (EAGLE-1/3), TensorRT-LLM (Medusa).",
-                      "headway.heads.export:ExportConfig", "headway.heads.export:export_cli"),
+                      "headway.heads.configs:ExportConfig", "headway.heads.export:export_cli"),
     "push": Command("Push a heads checkpoint (weights + model card) to the Hugging Face Hub: push HEADS ORG/NAME.",
                     "headway.heads.hub:PushConfig", "headway.heads.hub:push_cli"),
     "train": Command("Train Medusa / EAGLE heads on the frozen target (= accelerate launch -m headway.train).",
@@ -46,11 +50,11 @@ COMMANDS: dict[str, Command] = {
     "generate": Command("Generate with the tree speculative decoder: the target's exact output, faster.",
                         "headway.decode.cli:GenerateConfig", "headway.decode.cli:generate_cli"),
     "tune": Command("Measure acceptance and this machine's forward costs; store the fastest tree with the heads.",
-                    "headway.decode.tune:TuneConfig", "headway.decode.tune:tune_cli"),
+                    "headway.decode.configs:TuneConfig", "headway.decode.tune:tune_cli"),
     "chat": Command("Interactive chat (or completion) with the speculative decoder.",
                     "headway.decode.cli:ChatConfig", "headway.decode.cli:chat_cli"),
     "bench": Command("Benchmark heads against HF generate / assisted / prompt lookup: tokens/s, tau, exact match.",
-                     "headway.decode.bench:BenchConfig", "headway.decode.bench:bench_cli"),
+                     "headway.decode.configs:BenchConfig", "headway.decode.bench:bench_cli"),
 }
 
 
@@ -65,7 +69,26 @@ def _listing() -> str:
              "Train Medusa / EAGLE draft heads on a frozen LM and decode faster with exact output.", "",
              "commands:"]
     lines += [f"  {name:<{width}}{cmd.summary}" for name, cmd in COMMANDS.items()]
-    lines += ["", "Run 'headway <command> --help' for a command's options."]
+    lines += ["", "Run 'headway <command> --help' for a command's options; 'headway --version' for the version."]
+    return "\n".join(lines)
+
+
+def _groups() -> dict[str, list[str]]:
+    """Command groups ('target' for 'target build') -> their subcommands."""
+    out: dict[str, list[str]] = {}
+    for name in COMMANDS:
+        group, _, sub = name.partition(" ")
+        if sub:
+            out.setdefault(group, []).append(sub)
+    return out
+
+
+def _group_listing(group: str) -> str:
+    names = [f"{group} {sub}" for sub in _groups()[group]]
+    width = max(len(n) for n in names) + 2
+    lines = [f"usage: headway {group} <command> [--key value | key=value ...]", "", f"'{group}' commands:"]
+    lines += [f"  {name:<{width}}{COMMANDS[name].summary}" for name in names]
+    lines += ["", f"Run 'headway {group} <command> --help' for a command's options."]
     return "\n".join(lines)
 
 
@@ -77,20 +100,31 @@ def _find(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     return None, list(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
+HELP = ("-h", "--help")
+
+
+def _run(argv: list[str]) -> int:
+    if not argv or argv[0] in (*HELP, "help"):
         print(_listing())
         return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"headway {__version__}")
+        return 0
     name, rest = _find(argv)
+    groups = _groups()
+    if name is None and argv[0] in groups and (len(argv) == 1 or argv[1] in HELP):
+        print(_group_listing(argv[0]))  # `headway target`, `headway target --help`: what the group holds
+        return 0
     if name is None:
-        groups = sorted({n.split()[0] for n in COMMANDS})
-        print(f"headway: error: unknown command '{' '.join(argv[:2]) if argv[0] in groups else argv[0]}'; "
-              f"commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        if argv[0] in groups:
+            print(f"headway: error: unknown command '{argv[0]} {argv[1]}'; '{argv[0]}' commands: "
+                  f"{', '.join(groups[argv[0]])}", file=sys.stderr)
+        else:
+            print(f"headway: error: unknown command '{argv[0]}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     cmd = COMMANDS[name]
     cfg_cls = _load(cmd.config)
-    if "-h" in rest or "--help" in rest:
+    if any(a in HELP for a in rest):
         print(help_text(cfg_cls, f"headway {name}", cmd.summary))
         return 0
     try:
@@ -110,6 +144,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .data.runtime import release_process_group
 
             release_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _run(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, not at interpreter exit, so that a closed pipe is caught below
+        return code
+    except BrokenPipeError:
+        # `headway ... | head -1`: the reader has gone. Stop quietly, like other command-line tools:
+        # no traceback, and stdout pointed at /dev/null so the exit-time flush cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + 13  # 141: what a shell reports for a process ended by SIGPIPE
 
 
 if __name__ == "__main__":

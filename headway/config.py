@@ -27,9 +27,12 @@ class ConfigError(HeadwayError, ValueError):
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, positional: bool = False,
-        choices: Sequence[Any] | None = None, default_factory: Any = dataclasses.MISSING) -> Any:
-    """``dataclasses.field`` with help text (and CLI hints) in its metadata."""
-    meta = {"help": help, "positional": positional, "choices": tuple(choices) if choices else None}
+        choices: Sequence[Any] | None = None, default_factory: Any = dataclasses.MISSING,
+        none_word: bool = False) -> Any:
+    """``dataclasses.field`` with help text (and CLI hints) in its metadata. ``none_word``: the
+    string "none" reaches the dataclass as "none" instead of meaning unset (``bench --assistant none``)."""
+    meta = {"help": help, "positional": positional, "choices": tuple(choices) if choices else None,
+            "none_word": none_word}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -127,6 +130,9 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     for key, value in data.items():
         if key not in fields:
             raise _unknown(key, cls, prefix)
+        if fields[key].metadata.get("none_word") and isinstance(value, str) and value.strip().lower() == "none":
+            kwargs[key] = "none"
+            continue
         kwargs[key] = coerce(value, hints[key], prefix + key)
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
@@ -166,6 +172,17 @@ def _is_list(tp: Any) -> bool:
     return typing.get_origin(_strip_optional(tp)[0]) in (list, tuple)
 
 
+def key_name(option: str) -> str:
+    """``num-prompts`` / ``eagle.draft-vocab-size`` -> the field's key: on the command line dashes
+    and underscores are the same character (``--num-prompts`` = ``--num_prompts`` = ``num_prompts=``)."""
+    return option.replace("-", "_")
+
+
+def flag_name(key: str) -> str:
+    """The spelling ``--help`` shows and the README uses: dashes (``num_prompts`` -> ``num-prompts``)."""
+    return key.replace("_", "-")
+
+
 def parse_args(cls: type, argv: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
     """Split argv into (yaml path, {dotted key: raw value}).
 
@@ -185,7 +202,7 @@ def parse_args(cls: type, argv: Sequence[str]) -> tuple[str | None, dict[str, An
             continue
         if a.startswith("--"):
             key, eq, val = a[2:].partition("=")
-            key = key.replace("-", "_") if "." not in key else key
+            key = key_name(key)
             negated = False
             if not eq and key.startswith("no_"):
                 try:
@@ -215,14 +232,16 @@ def parse_args(cls: type, argv: Sequence[str]) -> tuple[str | None, dict[str, An
                     raise ConfigError(f"--{key} needs a value")
                 out[key], i = args[i + 1], i + 2
             continue
-        if "=" in a and not a.startswith("-") and a.split("=", 1)[0].replace(".", "").replace("_", "").isalnum():
+        name = a.split("=", 1)[0]
+        if "=" in a and not a.startswith("-") and name.replace(".", "").replace("_", "").replace("-", "").isalnum():
             key, _, val = a.partition("=")
+            key = key_name(key)
             _field_type(cls, key)  # validates
             out[key], i = val, i + 1
             continue
         if a.startswith("-"):
             raise ConfigError(f"unknown option '{a}'. Valid options: "
-                              + ", ".join("--" + k for k in valid_keys(cls)))
+                              + ", ".join("--" + flag_name(k) for k in valid_keys(cls)))
         if not positional:
             raise ConfigError(f"unexpected argument '{a}'. Options look like --key value or key=value")
         out[positional.pop(0)], i = a, i + 1
@@ -326,13 +345,17 @@ def help_text(cls: type, prog: str, summary: str = "") -> str:
                 f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
             choices = f.metadata.get("choices")
             extra = f" {{{', '.join(map(str, choices))}}}" if choices else ""
-            flag = prefix + name if f.metadata.get("positional") and not prefix else "--" + prefix + name
+            flag = prefix + name if f.metadata.get("positional") and not prefix else "--" + flag_name(prefix + name)
             lines.append(f"  {flag:<28} {f.metadata.get('help', '')}{extra} [default: {default}]")
 
     def hints_of(c: type) -> dict[str, Any]:
         return hints if c is cls else _hints(c)
 
     walk(cls, "")
+    lines += ["", "Options take --key value, --key=value or key=value (dotted keys for nested sections);",
+              "dashes and underscores are the same (--num-prompts = --num_prompts = num_prompts=...);",
+              "booleans: --flag / --no-flag; list options take several values (--temperature 0 1).",
+              "Command-line values override the --config file."]
     return "\n".join(lines)
 
 

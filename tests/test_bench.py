@@ -233,6 +233,47 @@ def test_prompt_options_match_distill_and_are_checked(folders):
         bench(config(folders, assistant=None))
 
 
+def test_assistant_none_skips_the_assisted_baseline(folders, tmp_path, monkeypatch):
+    from headway.config import parse_cli
+    from headway.decode import bench as bench_mod
+
+    cfg = parse_cli(BenchConfig, ["--assistant", "none"])  # the demo target (the default) included
+    assert cfg.target == "demo" and cfg.assistant is None and cfg.baselines == ["hf-prompt-lookup"]
+    monkeypatch.setattr(bench_mod, "default_assistant", lambda *a: pytest.fail("built the demo assistant"))
+    assert bench_mod.load_assistant(cfg, "/any/demo-target", None) == (None, None)
+    assert BenchConfig(assistant="None").baselines == ["hf-prompt-lookup"]
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--target", str(folders / "target"), "--heads", str(folders / "medusa"),
+                 "--prompts", str(folders / "prompts.jsonl"), "--assistant", "none", "--max-new-tokens", "4",
+                 "--repeats", "1", "--warmup", "0", "--no-progress", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["assistant"] is None and {m["kind"] for m in rep["methods"]} == {"hf_generate", "hf_prompt_lookup",
+                                                                                "medusa"}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--heads", "/nope"], "heads checkpoint not found: '/nope'"),
+    (["--heads", "NOT_HEADS"], "has no config.json; is it a headway heads checkpoint?"),
+    (["--prompts", "/nope/prompts.jsonl"], "prompt source not found: /nope/prompts.jsonl"),
+    (["--prompts", "demo:tset"], "unknown built-in prompt source 'demo:tset'"),
+    (["--chat-template", "/nope/t.jinja"], "chat template file not found: /nope/t.jinja"),
+    (["--assistant", "./nope-assistant"], "assistant not found"),
+    (["--tree", "chain-x"], "cannot parse tree 'chain-x'"),
+])
+def test_arguments_are_checked_before_the_target_is_built(args, message, tmp_path, monkeypatch, capsys):
+    """`headway bench --heads /nope` once built the demo target (23 minutes) before saying so."""
+    import headway.data.targets
+    import headway.target
+
+    monkeypatch.setattr(headway.data.targets, "resolve_target_path", lambda *a: pytest.fail("built the target"))
+    monkeypatch.setattr(headway.target, "load_target", lambda *a, **k: pytest.fail("loaded the target"))
+    (tmp_path / "junk").mkdir()
+    args = [str(tmp_path / "junk") if a == "NOT_HEADS" else a for a in args]
+    assert main(["bench", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("headway bench: error: ") and message in err and "\n" not in err
+
+
 def test_schedule_rotates_the_order():
     orders = [o for *_, o in schedule(3, repeats=2, n_prompts=3, temps=[0.0])]
     assert all(sorted(o) == [0, 1, 2] for o in orders)

@@ -52,3 +52,34 @@ def test_tune_cli_bad_heads_path_is_one_line_error(capsys, llama_dir):
     assert main(["tune", "--target", str(llama_dir), "--heads", "/nonexistent/heads"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("headway tune: error:") and "not found" in err[-1]
+
+
+def test_tune_measures_every_chain_and_stores_fitted_calibration(tmp_path, llama_dir):
+    """The stored tree is the measured best of candidates that include chain-1 .. chain-D, so it is
+    never slower than the best chain on the same prompts; ``calibration_data`` fits temperatures
+    for heads that have none, and they are stored with the tree (and used by generate)."""
+    from headway.target import load_target
+    from train_utils import distilled_rows, save_rows
+
+    model, _ = load_target(str(llama_dir))
+    torch.manual_seed(0)
+    hdir = Eagle1Drafter.for_target(model).save_pretrained(tmp_path / "eagle1")
+    data = save_rows(tmp_path / "data", distilled_rows(6, 384, seed=1))
+    prompts = tmp_path / "p.jsonl"
+    text = sample_texts(20_000)[0]
+    prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(2)))
+    cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=2, max_new_tokens=8,
+                     probe_depth=3, probe_rank=2, sizes=[2, 4], finalists=1, repeats=1, calibration_data=str(data))
+    report = tune(cfg, log=lambda m: None)
+    speed = report["mean_tokens_per_s"]
+    assert {"chain-1", "chain-2", "chain-3"} <= set(speed) and any(n.startswith("dynamic-") for n in speed)
+    assert report["chosen"] == max(speed, key=speed.get)
+    assert speed[report["chosen"]] >= max(v for n, v in speed.items() if n.startswith("chain-"))
+    assert report["best_chain"] in speed and report["calibrated"]
+    temps = report["calibration"]["temperature_by_depth"]
+    assert len(temps) == 3 and len(report["calibration"]["summary"]["ece"]) == 3
+    meta = json.loads((hdir / "config.json").read_text())["metadata"]
+    assert meta["decode"]["tree"] == report["tree"] and meta["decode"]["calibrated"]
+    assert meta["calibration"]["temperature_by_depth"] == temps and "summary" not in meta["calibration"]
+    assert meta["calibration"]["fitted_on"] == str(data)
+    assert Speculator.from_pretrained(str(llama_dir), str(hdir)).new_proposer().temperatures == temps

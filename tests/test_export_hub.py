@@ -51,8 +51,8 @@ def test_native_checkpoint_files_config_and_card(medusa, tmp_path):
     assert set(cfg["target"]) == TARGET_FIELDS and cfg["target"]["num_hidden_layers"] == 4
     card = (out / "README.md").read_text()
     fm = front_matter(card)
-    assert fm == {"library_name": "headway", "tags": ["speculative-decoding", "medusa"],
-                  "pipeline_tag": "text-generation", "base_model": "someorg/tiny-llama"}
+    assert fm == {"library_name": "headway", "license": "other", "tags": ["speculative-decoding", "medusa"],
+                  "base_model": "someorg/tiny-llama"}
     assert "## Training data" in card and "| training rows | 460 |" in card
     assert "## Measured acceptance" in card and "**1.750**" in card and "| 2 | 0.220 |" in card
 
@@ -63,6 +63,76 @@ def test_card_leaves_out_base_model_for_a_local_target(target, tmp_path):
     fm = front_matter((heads.save_pretrained(tmp_path / "h") / "README.md").read_text())
     assert "base_model" not in fm and fm["tags"] == ["speculative-decoding", "eagle3"]
     assert "Measured acceptance" not in (tmp_path / "h" / "README.md").read_text()  # nothing measured yet
+
+
+def hub_checked(card: str) -> dict:
+    """The front matter, read and validated by huggingface_hub's own card classes (offline)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    fm = front_matter(card)
+    parsed = ModelCard(card)  # parses the YAML block as the Hub does
+    assert parsed.data.to_dict() == fm
+    assert ModelCardData(**fm).to_dict() == fm  # ignore_metadata_errors=False: a bad field raises
+    assert "pipeline_tag" not in fm  # heads cannot generate on their own
+    return fm
+
+
+def test_card_front_matter_is_what_the_hub_reads(medusa, tmp_path):
+    card = (medusa.save_pretrained(tmp_path / "h") / "README.md").read_text()
+    fm = hub_checked(card)
+    assert fm["license"] == "other" and "check the target model's license" in card
+    assert "THIS_REPO" not in card and 'Speculator.from_pretrained("someorg/tiny-llama", "path/to/these/heads")' in card
+    assert "headway export path/to/these/heads --format" in card
+    assert "## Measured acceptance" in card and "| 1 | 0.410 |" in card  # the acceptance table stays
+
+
+@pytest.mark.parametrize("where,label,load_as,license", [
+    ("models/my-llama", "my-llama", "path/to/my-llama", "other"),
+    ("cache/targets/smollm2-0.1.2", "smollm2-0.1.2", "smollm2", "apache-2.0"),  # a named target: its license
+    ("cache/targets/demo-0123abcd", "demo-0123abcd", "demo", "apache-2.0"),  # the demo target is headway's
+])
+def test_card_names_a_local_target_by_its_folder_never_its_path(medusa, tmp_path, where, label, load_as, license):
+    local = tmp_path / where
+    medusa.target_info.name_or_path = str(local)
+    medusa.metadata["training"] = {"data": str(tmp_path / "runs" / "distill"), "target": str(local),
+                                   "features": None, "options": {"dirs": [str(tmp_path / "x" / "y")]}}
+    card = (medusa.save_pretrained(tmp_path / "h") / "README.md").read_text()
+    fm = hub_checked(card)
+    assert str(tmp_path) not in card and "/tmp" not in card and "~/" not in card
+    assert card.splitlines()[card.splitlines().index("---", 1) + 2] == f"# Medusa heads for {label}"
+    assert f"| name_or_path | {label} |" in card and "| data | distill |" in card
+    assert f'Speculator.from_pretrained("{load_as}", "path/to/these/heads")' in card
+    assert fm["license"] == license and "base_model" not in fm
+
+
+def test_push_writes_the_card_again_for_the_repo(medusa, tmp_path, monkeypatch):
+    src = medusa.save_pretrained(tmp_path / "h")
+    saved = (src / "README.md").read_text()
+    pushed = {}
+
+    def fake_push(folder, repo_id, **kw):
+        pushed["files"] = sorted(p.name for p in folder.iterdir())
+        pushed["card"] = (folder / "README.md").read_text()
+        pushed["folder"] = folder
+        return f"https://hub/{repo_id}"
+
+    monkeypatch.setattr("headway.heads.hub.push_folder", fake_push)
+    assert push_heads(src, "someorg/heads", license="mit") == "https://hub/someorg/heads"
+    card = pushed["card"]
+    assert pushed["files"] == ["README.md", "config.json", "model.safetensors"]
+    assert 'Speculator.from_pretrained("someorg/tiny-llama", "someorg/heads")' in card
+    assert "headway export someorg/heads --format" in card and "path/to/these/heads" not in card
+    assert hub_checked(card)["license"] == "mit"
+    assert (src / "README.md").read_text() == saved  # the local card is left as saved
+    assert not pushed["folder"].exists()  # the staging copy is gone
+    assert sorted(p.name for p in src.parent.iterdir()) == ["h"]
+    assert main(["push", str(src), "someorg/heads"]) == 0
+    assert hub_checked(pushed["card"])["license"] == "other"
+    with pytest.raises(HubError, match="license must be"):
+        push_heads(src, "someorg/heads", license="Not a license")
+    assert medusa.push_to_hub("someorg/direct", license="apache-2.0") == "https://hub/someorg/direct"
+    assert 'Speculator.from_pretrained("someorg/tiny-llama", "someorg/direct")' in pushed["card"]
+    assert hub_checked(pushed["card"])["license"] == "apache-2.0"
 
 
 def hub_cache_layout(cache: Path, repo_id: str, folder: Path, commit: str = "a" * 40) -> str:

@@ -18,16 +18,39 @@ The command functions live in their modules (``headway.data.distill.distill``,
 ``headway.data.features.features``): re-exporting them here would shadow the modules.
 """
 
-from .distill import DistillConfig, load_distilled
-from .encode import TokenizeConfig, tokenize_dataset, tokenize_sample
-from .errors import BadRowError, ChatTemplateError, DataError, ResumeMismatchError
-from .features import FeaturesConfig, FeatureStore, target_features
-from .samples import Sample
-from .sources import read_samples
-from .targets import resolve_target_path
-from .vocab import draft_vocab, load_token_counts, token_frequencies
+from __future__ import annotations
 
-__all__ = ["BadRowError", "ChatTemplateError", "DataError", "DistillConfig", "FeatureStore", "FeaturesConfig",
-           "ResumeMismatchError", "Sample", "TokenizeConfig", "draft_vocab",
-           "load_distilled", "load_token_counts", "read_samples", "resolve_target_path", "target_features",
-           "token_frequencies", "tokenize_dataset", "tokenize_sample"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .distill import DistillConfig, load_distilled
+    from .encode import TokenizeConfig, tokenize_dataset, tokenize_sample
+    from .errors import BadRowError, ChatTemplateError, DataError, ResumeMismatchError
+    from .features import FeaturesConfig, FeatureStore, target_features
+    from .samples import Sample
+    from .sources import read_samples
+    from .targets import resolve_target_path
+    from .vocab import draft_vocab, load_token_counts, token_frequencies
+
+_EXPORTS = {"DistillConfig": "distill", "load_distilled": "distill", "TokenizeConfig": "encode",
+            "tokenize_dataset": "encode", "tokenize_sample": "encode", "BadRowError": "errors",
+            "ChatTemplateError": "errors", "DataError": "errors", "ResumeMismatchError": "errors",
+            "FeaturesConfig": "features", "FeatureStore": "features", "target_features": "features",
+            "Sample": "samples", "read_samples": "sources", "resolve_target_path": "targets",
+            "draft_vocab": "vocab", "load_token_counts": "vocab", "token_frequencies": "vocab"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: these load on first use. Importing one light module of this package (plans, sources,
+    # encode) must not import features.py and with it torch: `headway <command> --help` reads them.
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

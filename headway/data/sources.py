@@ -65,6 +65,22 @@ def read_samples(source: str, *, split: str = "train", limit: int | None = None,
     return _normalise(rows, where, limit, skip_bad_rows, str(source))
 
 
+def check_source(source: str) -> None:
+    """Refuse at once, without reading it, a source that cannot be read: a missing or unsupported
+    file, an unknown built-in corpus. Commands call it before loading a target (which can take
+    minutes). Any other name is a Hub dataset, which only ``read_samples`` can tell."""
+    if source in CHAT_SPLITS or source in DEMO_SPLITS:
+        return
+    for prefix, splits in (("chat:", CHAT_SPLITS), ("demo:", DEMO_SPLITS)):
+        if source.startswith(prefix):
+            raise DataError(f"unknown built-in prompt source '{source}'; use {' or '.join(splits)}")
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix.lower() not in (".jsonl", ".json", ".parquet"):
+        raise DataError(f"{path}: unsupported prompt file type '{path.suffix}'; use .jsonl, .json or .parquet")
+    if not path.exists() and (source.startswith((".", "/", "~")) or path.suffix in (".jsonl", ".json", ".parquet")):
+        raise DataError(f"prompt source not found: {path}")
+
+
 def _normalise(rows: Iterable[tuple[int, Any]], where: Any, limit: int | None, skip_bad_rows: bool,
                name: str) -> SourceResult:
     result = SourceResult([], name=name)

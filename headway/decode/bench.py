@@ -30,78 +30,12 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..config import ConfigError, check_choice, opt
-from ..data.plans import PROMPT_FORMATS
+from ..config import ConfigError
 from ..data.progress import quiet_transformers
-from .args import check_decode_args
 from .bench_methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run)
 from .bench_report import SCHEMA, Record, render_table, summarize, write_plot
-from .shapes import parse_shape
-
-
-OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup")
-
-
-@dataclass
-class BenchConfig:
-    target: str = opt("demo", "target model: a folder, a Hub id, or 'demo' (the demo target, built or cached)")
-    heads: list[str] = opt(help="heads checkpoints to compare: --heads A B C (folders or Hub ids)",
-                           default_factory=list)
-    prompts: str = opt("demo:heldout", "prompt source: demo:heldout, demo:train, a .jsonl/.json/.parquet file, "
-                                       "a datasets folder or a cached Hub dataset")
-    num_prompts: int = opt(8, "prompts to use (the first N of the source)")
-    prompt_tokens: int = opt(64, "demo sources: prompt length in tokens (code prefixes cut at line ends)")
-    max_new_tokens: int = opt(128, "new tokens per generation at most (EOS stops earlier, for every method alike)")
-    temperature: list[float] = opt(help="temperatures: --temperature 0 1 (exact-match is checked at 0)",
-                                   default_factory=lambda: [0.0])
-    tree: list[str] = opt(help="tree shapes to try with every heads checkpoint (chain-N, mc_sim_7b_63, "
-                               "dynamic-K-D-T, ...); default: each checkpoint's stored tree, else its kind's default",
-                          default_factory=list)
-    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
-    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
-                                     "user message); chat: always; raw: plain prompts as they are",
-                             choices=PROMPT_FORMATS)
-    baselines: list[str] = opt(help="HF baselines besides hf-generate (always run: the reference and speedup "
-                                    "1.0): hf-assisted hf-prompt-lookup, or none; leave out hf-assisted to bench "
-                                    "a non-demo target without an assistant model",
-                               default_factory=lambda: list(OPTIONAL_BASELINES))
-    assistant: str | None = opt(None, "draft model for HF assisted generation (same tokenizer as the target); "
-                                      "default for the demo target: the same recipe with --assistant-layers layers")
-    assistant_layers: int = opt(2, "layers of the default demo assistant")
-    assistant_tokens: int = opt(5, "draft tokens per step in HF assisted generation (constant schedule)")
-    prompt_lookup_tokens: int = opt(10, "draft tokens per step in HF prompt-lookup decoding")
-    repeats: int = opt(3, "timed passes over all prompts; tokens/s and speedup are medians over them")
-    warmup: int = opt(1, "untimed warm-up generations per method and temperature before timing")
-    seed: int = opt(0, "prompt selection and sampling seed")
-    dtype: str = opt("float32", "target dtype (exact-match is promised in float32)")
-    device: str | None = opt(None, "device (default: cuda if available, else cpu)")
-    adapter: str | None = opt(None, "PEFT adapter merged into the target for every method (Medusa-2 heads)")
-    threads: int | None = opt(None, "torch CPU threads (1 is often fastest for small models on a busy machine)")
-    json: str | None = opt(None, "write the report here (schema headway.bench/1)")
-    plot: str | None = opt(None, "write a PNG here: speedup by method, acceptance by depth")
-    progress: bool = opt(True, "show a progress bar on stderr")
-
-    def __post_init__(self) -> None:
-        for name in ("num_prompts", "prompt_tokens", "max_new_tokens", "repeats", "assistant_layers",
-                     "assistant_tokens", "prompt_lookup_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"'{name}' must be at least 1, got {getattr(self, name)}")
-        if self.warmup < 0:
-            raise ConfigError(f"'warmup' must be >= 0, got {self.warmup}")
-        if not self.temperature or any(t < 0 for t in self.temperature):
-            raise ConfigError(f"'temperature' needs one or more values >= 0, got {self.temperature}")
-        self.temperature = list(dict.fromkeys(float(t) for t in self.temperature))
-        for t in self.temperature:  # finite too
-            check_decode_args(self.max_new_tokens, t)
-        for spec in self.tree:  # a bad tree fails before the target is loaded
-            parse_shape(spec)
-        check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
-        self.baselines = [] if self.baselines == ["none"] else list(dict.fromkeys(self.baselines))
-        for name in self.baselines:
-            check_choice(name, OPTIONAL_BASELINES, "baselines")
-        if self.assistant and "hf-assisted" not in self.baselines:
-            raise ConfigError("'assistant' is set but 'baselines' leaves out hf-assisted, the only method using it")
+from .configs import OPTIONAL_BASELINES, BenchConfig  # noqa: F401  (re-exported; light, for --help)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,6 +104,29 @@ def baselines(target: nn.Module, tokenizer: Any, assistant: nn.Module | None, cf
         out.append(HFMethod("hf-prompt-lookup", "hf_prompt_lookup", target, stops, pad, cfg.prompt_lookup_tokens,
                             prompt_lookup_num_tokens=cfg.prompt_lookup_tokens))
     return out
+
+
+def _missing_path(value: str | None) -> bool:
+    return bool(value) and value.startswith((".", "/", "~")) and not Path(value).expanduser().exists()
+
+
+def check_inputs(cfg: BenchConfig) -> None:
+    """What can be checked without the target, checked before it is built or loaded (building the
+    demo target takes minutes; a typo in --heads or --prompts must not cost them): every heads
+    checkpoint is one, the prompt source and the chat template exist, local paths given for the
+    target, the assistant and the adapter exist. Tree specs were parsed with the config."""
+    from ..data.errors import ChatTemplateError
+    from ..data.sources import check_source
+    from ..heads.base import read_config, resolve_checkpoint
+
+    for path in cfg.heads:
+        read_config(resolve_checkpoint(path))
+    check_source(cfg.prompts)
+    if cfg.chat_template and not Path(cfg.chat_template).expanduser().is_file():
+        raise ChatTemplateError(f"chat template file not found: {Path(cfg.chat_template).expanduser()}")
+    for what, value in (("target", cfg.target), ("assistant", cfg.assistant), ("adapter", cfg.adapter)):
+        if _missing_path(value):
+            raise ConfigError(f"{what} not found: {Path(value).expanduser()}")
 
 
 def heads_adapter(heads: Sequence[str]) -> str | None:
@@ -341,12 +298,13 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    target_path = resolve_target_path(cfg.target)
+    check_inputs(cfg)
     if cfg.adapter is None and (adapter := heads_adapter(cfg.heads)):
         from .cli import adapter_note
 
         print(adapter_note(adapter), file=sys.stderr)  # every method, the baselines too, runs the adapted target
         cfg = dataclasses.replace(cfg, adapter=adapter)
+    target_path = resolve_target_path(cfg.target)  # builds the demo target if needed: after every check
     with quiet_transformers():
         target, tok = load_target(target_path, dtype=cfg.dtype, device=cfg.device, adapter=cfg.adapter)
         loaded = load_prompts(cfg, tok)  # before the assistant: a bad source or template fails fast

@@ -7,12 +7,14 @@ positions) and then answers the tree builder's questions (``root_logprobs``, ``e
 from __future__ import annotations
 
 import copy
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads
 from ..heads.layers import DraftCache, causal_mask
+from ..heads.metadata import calibration_temperatures
 
 
 def hidden_index(layer: int, num_layers: int) -> int:
@@ -24,8 +26,9 @@ class MedusaProposer:
     """Head k's top-k at depth k+1, independent of the parent token: drafting costs one call.
     Log-probs are over the heads' draft vocabulary (Vd; the full V without one)."""
 
-    def __init__(self, heads: MedusaHeads) -> None:
+    def __init__(self, heads: MedusaHeads, temperatures: Sequence[float] | None = None) -> None:
         self.heads = heads
+        self.temperatures = temperatures  # calibration by depth (head k = depth k+1): shapes.py applies it
         self.max_depth = heads.config.num_heads
         self.draft_vocab_size = heads.draft_vocab_size
         self.feature_layers = [-1]
@@ -67,9 +70,11 @@ class EagleProposer:
     over the drafter's draft vocabulary (``draft_logits``, whatever the module's train/eval mode).
     """
 
-    def __init__(self, drafter: Eagle1Drafter | Eagle3Drafter, max_depth: int | None = None) -> None:
+    def __init__(self, drafter: Eagle1Drafter | Eagle3Drafter, max_depth: int | None = None,
+                 temperatures: Sequence[float] | None = None) -> None:
         self.drafter = drafter
         self.max_depth = max_depth
+        self.temperatures = temperatures  # calibration by depth: shapes.py ranks dynamic trees with it
         self.draft_vocab_size = drafter.draft_vocab_size
         self.feature_layers = list(drafter.feature_layers)
         self.cache = DraftCache()
@@ -141,9 +146,13 @@ class EagleProposer:
         return self.drafter.draft_to_target_ids(draft_ids)
 
 
-def make_proposer(heads: HeadsBase, max_depth: int | None = None) -> MedusaProposer | EagleProposer:
+def make_proposer(heads: HeadsBase, max_depth: int | None = None,
+                  calibrate: bool = True) -> MedusaProposer | EagleProposer:
+    """The heads' proposer; with ``calibrate`` it carries the heads' calibration temperatures
+    (``metadata["calibration"]``, none when absent), which rank dynamic-tree nodes."""
+    temps = calibration_temperatures(heads.metadata) if calibrate else None
     if isinstance(heads, MedusaHeads):
-        return MedusaProposer(heads)
+        return MedusaProposer(heads, temps)
     if isinstance(heads, (Eagle1Drafter, Eagle3Drafter)):
-        return EagleProposer(heads, max_depth)
+        return EagleProposer(heads, max_depth, temps)
     raise TypeError(f"no proposer for {type(heads).__name__}")

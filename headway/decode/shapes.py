@@ -10,6 +10,13 @@ A shape decides which draft candidates become tree nodes. Drafting itself is del
   each node's ancestors and feed on its parent's output.
 
 Token ids in logprobs are *draft* ids; ``proposer.to_target_ids`` maps them (EAGLE-3's reduced vocab).
+
+Calibration: a proposer may carry ``temperatures`` (per draft depth, depth 1 first; from the
+heads' ``metadata["calibration"]``). Dynamic trees rank candidates by the cumulative
+``log_softmax(logp / T_depth)``, so a drafter that is right more often than it is confident still
+gets deep trees. Static trees are unaffected (ranks do not change with a temperature), and sampled
+chains draw from the raw distribution, the ``q`` their accept rule needs. Which nodes are drafted
+never changes what verification emits.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ MC_SIM_7B_63: list[tuple[int, ...]] = [
 
 class Proposer(Protocol):
     max_depth: int | None
+    # optional ``temperatures: Sequence[float] | None``: calibration per draft depth (module docstring)
 
     def root_logprobs(self) -> torch.Tensor: ...
 
@@ -239,12 +247,25 @@ class DynamicShape:
         return self.total_tokens
 
 
+def depth_temperature(proposer: Proposer, depth: int) -> float:
+    """The proposer's calibration temperature for drafts at ``depth`` (1-based): 1.0 without one;
+    past the last fitted depth the last one holds (calibration drifts slowly with depth)."""
+    temps = getattr(proposer, "temperatures", None)
+    return float(temps[min(depth, len(temps)) - 1]) if temps else 1.0
+
+
+def calibrated(logp: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) from log-probs (a log-softmax is logits up to a constant per row)."""
+    return logp if temperature == 1.0 else torch.log_softmax(logp / temperature, dim=-1)
+
+
 def build_dynamic(shape: DynamicShape, proposer: Proposer, root_token: torch.Tensor) -> DraftTree:
+    """EAGLE-2's tree, ranked by calibrated cumulative log-probabilities (``depth_temperature``)."""
     dev = root_token.device
     k = shape.top_k
     max_depth = min(shape.depth, proposer.max_depth or shape.depth)
     # candidate pool; index 0 is the root
-    lp, ids = proposer.root_logprobs().topk(k)  # (k,)
+    lp, ids = calibrated(proposer.root_logprobs(), depth_temperature(proposer, 1)).topk(k)  # (k,)
     pool_draft = [torch.full((1,), -1, dtype=torch.long, device=dev), ids]
     pool_parent = [torch.full((1,), -1, dtype=torch.long, device=dev), torch.zeros(k, dtype=torch.long, device=dev)]
     pool_score = [torch.zeros(1, device=dev, dtype=lp.dtype), lp]
@@ -253,7 +274,7 @@ def build_dynamic(shape: DynamicShape, proposer: Proposer, root_token: torch.Ten
     for d in range(1, max_depth):
         draft_all = torch.cat(pool_draft)
         logp = proposer.expand(frontier_row, proposer.to_target_ids(draft_all[frontier]), d)
-        c_lp, c_ids = logp.topk(k, dim=-1)  # (k_frontier, k)
+        c_lp, c_ids = calibrated(logp, depth_temperature(proposer, d + 1)).topk(k, dim=-1)  # (k_frontier, k)
         scores = (frontier_score[:, None] + c_lp).flatten()  # cumulative log-prob of each child
         pool_draft.append(c_ids.flatten())
         pool_parent.append(frontier.repeat_interleave(k))

@@ -101,7 +101,8 @@ class Speculator:
 
     def __init__(self, target: nn.Module, tokenizer: Any, heads: HeadsBase, tree: TreeShape | str | None = None,
                  max_depth: int | None = None, typical: tuple[float, float] | None = None,
-                 sampled_drafts: bool = True, sampling_tree: TreeShape | str | None = None) -> None:
+                 sampled_drafts: bool = True, sampling_tree: TreeShape | str | None = None,
+                 calibrate: bool = True) -> None:
         """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
         LOSSY (faster, but the output no longer follows the target's distribution); off by default.
         ``sampled_drafts``: at temperature > 0 a chain's drafts are drawn from the drafter's
@@ -109,7 +110,10 @@ class Speculator:
         accepts ~sum_x min(p, q) per depth instead of p(top-1); trees keep deterministic drafts.
         ``sampling_tree``: the shape used at temperature > 0; by default ``tree`` when one is given
         (or stored with the heads), else a 4-deep chain for EAGLE drafters, whose sampled drafts
-        beat a deterministic tree there (demo target, T=1: tau 1.98 against 1.44 for EAGLE-1)."""
+        beat a deterministic tree there (demo target, T=1: tau 1.98 against 1.44 for EAGLE-1).
+        ``calibrate``: rank dynamic-tree nodes with the heads' calibration temperatures
+        (``metadata["calibration"]``); False ranks by the raw draft log-probs (for A/B measurement).
+        Either way the output is the target's: calibration only changes which nodes are drafted."""
         self.target = target
         self.tokenizer = tokenizer
         heads.check_tokenizer(tokenizer)  # ids must mean the tokens the heads were trained on
@@ -117,6 +121,7 @@ class Speculator:
         self.max_depth = max_depth
         self.typical = typical
         self.sampled_drafts = sampled_drafts
+        self.calibrate = calibrate
         proposer = self.new_proposer()  # a template: its limits decide the tree
         self.tree = self._default_tree(tree, proposer)
         if sampling_tree is None and tree is None and isinstance(proposer, EagleProposer):
@@ -133,7 +138,8 @@ class Speculator:
     def from_pretrained(cls, target: str | nn.Module, heads: str | Path | HeadsBase, tokenizer: Any = None,
                         tree: TreeShape | str | None = None, dtype: str | torch.dtype | None = "float32",
                         device: str | torch.device | None = None, adapter: str | None = None,
-                        max_depth: int | None = None, typical: tuple[float, float] | None = None) -> "Speculator":
+                        max_depth: int | None = None, typical: tuple[float, float] | None = None,
+                        calibrate: bool = True) -> "Speculator":
         """``adapter``: a PEFT adapter merged into a target given by name; by default the one the heads
         checkpoint names (Medusa-2 heads are trained on an adapted target, which is the one whose
         output they reproduce). A target given as a model object is used as it is."""
@@ -157,7 +163,7 @@ class Speculator:
             heads.attach(target)
         if tree is None:
             tree = (heads.metadata.get("decode") or {}).get("tree")
-        spec = cls(target, tokenizer, heads, tree, max_depth, typical)
+        spec = cls(target, tokenizer, heads, tree, max_depth, typical, calibrate=calibrate)
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
@@ -240,7 +246,7 @@ class Speculator:
     # -- the loop -----------------------------------------------------------------------------
     def new_proposer(self) -> Any:
         """Per-generation draft state (the heads are shared)."""
-        return make_proposer(self.heads, self.max_depth)
+        return make_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
 
     def _forward(self, ids: torch.Tensor, cache: DynamicCache, **kw: Any) -> Any:
         return self.target(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=self._layers, **kw)

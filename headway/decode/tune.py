@@ -4,9 +4,12 @@ Tree size is a hardware question: on a 2-core CPU a 16-token verify costs about 
 1-token forward, on a GPU about the same. So we measure (1) per-depth / per-rank draft
 acceptance on calibration prompts, (2) the forward-cost curve of the target (tree tokens per
 verify vs seconds) and the draft cost of each candidate, (3) predict tokens/s for static trees
-built from the measured accuracies, then (4) run the best predictions, the fixed presets and
-dynamic trees side by side on the prompts and keep the fastest. The result is stored with the
-heads (``metadata["decode"]``) and ``generate`` uses it by default.
+built from the measured accuracies, then (4) run the best predictions, the fixed presets,
+dynamic trees of the same budgets and every chain up to the probe depth side by side on the
+prompts and keep the fastest (so never a tree slower than the best chain there). Dynamic trees
+rank nodes with the heads' draft calibration (``metadata["calibration"]``; ``calibration_data``
+fits it first). The result is stored with the heads (``metadata["decode"]``) and ``generate``
+uses it by default.
 """
 
 from __future__ import annotations
@@ -15,52 +18,16 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..config import ConfigError, check_choice, opt
-from ..data.plans import PROMPT_FORMATS
-from .args import check_decode_args
+from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
 from .sampling import SamplingParams
 from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
 from .speculator import Speculator
 from .tree import additive_mask
-
-
-@dataclass
-class TuneConfig:
-    target: str = opt(help="target model folder / Hub id, or 'demo'")
-    heads: str = opt(help="heads checkpoint folder (the tuned tree is written into its config.json)")
-    prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
-    num_prompts: int = opt(8, "calibration prompts to use")
-    prompt_tokens: int = opt(96, "prompt length for demo-corpus prompts")
-    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
-    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
-                                     "user message); chat: always; raw: plain prompts as they are",
-                             choices=PROMPT_FORMATS)
-    max_new_tokens: int = opt(64, "tokens generated per prompt while measuring")
-    probe_depth: int = opt(6, "deepest draft position measured")
-    probe_rank: int = opt(8, "ranks measured per depth")
-    sizes: list[int] = opt(default_factory=lambda: [2, 4, 8, 12, 16, 24, 32, 48, 64],
-                           help="tree sizes (non-root nodes) considered for measured static trees")
-    finalists: int = opt(3, "predicted-best static trees that are run for real")
-    temperatures: list[float] = opt(default_factory=lambda: [0.0], help="temperatures the choice is made for "
-                                                                        "(the mean tokens/s decides)")
-    repeats: int = opt(2, "interleaved timing repeats")
-    dtype: str = opt("float32", "target dtype")
-    device: str | None = opt(None, "device")
-    write: bool = opt(True, "store the chosen tree in the heads' config.json")
-    json_out: str | None = opt(None, "write the measurements here as JSON")
-
-    def __post_init__(self) -> None:
-        check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
-        if not self.temperatures:
-            raise ConfigError("'temperatures' needs one or more values >= 0")
-        for t in self.temperatures:
-            check_decode_args(self.max_new_tokens, t)
 
 
 def shape_spec(shape: TreeShape) -> str:
@@ -200,13 +167,29 @@ def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: li
 def presets(spec: Speculator) -> dict[str, TreeShape]:
     proposer = spec.new_proposer()
     fix = lambda s: spec._default_tree(s, proposer)  # noqa: E731 - clip to the heads' depth / vocab
-    out = {"chain-4": fix(chain(4)), "mc_sim_7b_63": fix(mc_sim_7b_63())}
+    out = {"mc_sim_7b_63": fix(mc_sim_7b_63())}  # chains: ``chains``
     if proposer.max_depth is None:  # EAGLE: dynamic trees
         out["dynamic-4-5-16"] = fix(DynamicShape(4, 5, 16))
         out["dynamic-8-6-48"] = fix(DynamicShape(8, 6, 48))
     else:
         out["dynamic-4-4-16"] = fix(DynamicShape(4, proposer.max_depth, 16))
     return out
+
+
+def chains(spec: Speculator, depth: int) -> dict[str, TreeShape]:
+    """chain-1 .. chain-``depth`` (capped by the heads): always measured, so the stored tree is
+    never slower than the best chain on the same prompts."""
+    proposer = spec.new_proposer()
+    shapes = [spec._default_tree(chain(d), proposer) for d in range(1, depth + 1)]
+    return {f"chain-{s.depth}": s for s in shapes}
+
+
+def dynamic_budgets(spec: Speculator, sizes: list[int], depth: int) -> dict[str, TreeShape]:
+    """Dynamic trees with the node budgets of the static finalists: at equal size, whether ranking
+    by (calibrated) draft confidence beats the measured static tree is measured, not guessed."""
+    proposer = spec.new_proposer()
+    shapes = [spec._default_tree(DynamicShape(min(4, n), depth, n + 1), proposer) for n in sizes]
+    return {shape_spec(s): s for s in shapes}
 
 
 def calibration_prompts(cfg: TuneConfig, tokenizer: Any) -> list[list[int]]:
@@ -230,6 +213,13 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, dtype=cfg.dtype, device=cfg.device)
     if spec.adapter_from_heads:  # the tree is tuned on the adapted target
         say(adapter_note(spec.adapter))
+    calibration = None
+    if cfg.calibration_data:  # before anything is drafted: dynamic trees are ranked with it
+        from ..train.calibration import fit_calibration
+
+        say(f"fitting the draft calibration on {cfg.calibration_data} ...")
+        calibration = fit_calibration(spec.heads, spec.target, cfg.calibration_data, depth=cfg.probe_depth)
+        spec.heads.metadata["calibration"] = {k: v for k, v in calibration.items() if k != "summary"}
     prompts = calibration_prompts(cfg, spec.tokenizer)
     say(f"measuring acceptance by depth and rank on {len(prompts)} prompts ...")
     acc = measure_acceptance(spec, prompts, cfg.probe_depth, cfg.probe_rank, cfg.max_new_tokens)
@@ -243,17 +233,23 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     best = sorted(candidates, key=lambda k: -candidates[k][1])[: cfg.finalists]
     shapes: dict[str, TreeShape] = {k: candidates[k][0] for k in best}
     shapes.update(presets(spec))
+    shapes.update(dynamic_budgets(spec, [int(k.split("-")[1]) for k in best], cfg.probe_depth))
+    shapes.update(chains(spec, len(acc)))
     say(f"running {len(shapes)} trees side by side: {', '.join(shapes)}")
     results = {}
     for t in cfg.temperatures:
         results[t] = run_side_by_side(spec, shapes, prompts, cfg.max_new_tokens, t, cfg.repeats)
     score = {n: statistics.mean(results[t][n]["tokens_per_s"] for t in cfg.temperatures) for n in shapes}
-    winner = max(score, key=score.get)
+    winner = max(score, key=score.get)  # among measured candidates that include every chain
+    best_chain = max((n for n in shapes if n.startswith("chain-")), key=score.get)
     report = {"chosen": winner, "tree": shape_spec(shapes[winner]), "acceptance": acc,
               "forward_cost_s": {str(k): v for k, v in cost.items()},
               "predicted_tokens_per_s": {k: v for k, (_, v) in candidates.items()},
-              "side_by_side": {str(t): r for t, r in results.items()}, "device": str(spec.device),
-              "torch_threads": torch.get_num_threads()}
+              "side_by_side": {str(t): r for t, r in results.items()}, "mean_tokens_per_s": score,
+              "best_chain": best_chain, "calibrated": bool(spec.new_proposer().temperatures),
+              "device": str(spec.device), "torch_threads": torch.get_num_threads()}
+    if calibration is not None:
+        report["calibration"] = calibration
     if cfg.write:
         store_tree(Path(cfg.heads), report)
     if cfg.json_out:
@@ -269,7 +265,9 @@ def store_tree(heads_dir: Path, report: dict[str, Any]) -> None:
     cfg = json.loads(f.read_text())
     meta = cfg.setdefault("metadata", {})
     meta["decode"] = {"tree": report["tree"], "chosen": report["chosen"], "device": report["device"],
-                      "side_by_side": report["side_by_side"]}
+                      "side_by_side": report["side_by_side"], "calibrated": report.get("calibrated", False)}
+    if "calibration" in report:  # fitted by tune: the tree was chosen with it, so they go together
+        meta["calibration"] = {k: v for k, v in report["calibration"].items() if k != "summary"}
     tmp = f.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(cfg, indent=2) + "\n")
     os.replace(tmp, f)

@@ -148,12 +148,17 @@ class HeadsBase(nn.Module):
         return load_heads(name_or_path, target=target, revision=revision, expected=cls, tokenizer=tokenizer)
 
     def push_to_hub(self, repo_id: str, private: bool = False, revision: str | None = None,
-                    token: str | None = None) -> str:
-        from .hub import push_folder
+                    token: str | None = None, license: str | None = None) -> str:
+        from .card import model_card
+        from .hub import check_license, check_repo_id, push_folder
 
+        check_repo_id(repo_id)
+        check_license(license)
         with tempfile.TemporaryDirectory() as d:
-            self.save_pretrained(Path(d) / "heads")
-            return push_folder(Path(d) / "heads", repo_id, private=private, revision=revision, token=token)
+            folder = self.save_pretrained(Path(d) / "heads")
+            # the card for this repo: its usage lines name the repo id, not the saved card's placeholder
+            (folder / "README.md").write_text(model_card(self.config_dict(), repo_id=repo_id, license=license))
+            return push_folder(folder, repo_id, private=private, revision=revision, token=token)
 
 
 class DraftVocab:

@@ -1,38 +1,114 @@
 """The README.md model card written next to every heads checkpoint.
 
 YAML front matter the Hub reads (``library_name: headway``, ``tags: [speculative-decoding, <kind>]``,
-``pipeline_tag``, and ``base_model`` when the target is a Hub repo id — the Hub rejects a local
-path there), then the target, a summary of the training data, the measured acceptance, and usage.
+``license``, and ``base_model`` when the target is a Hub repo id — the Hub rejects a local path
+there; no ``pipeline_tag``: heads cannot generate on their own), then the target, a summary of
+the training data, the measured acceptance, and usage.
+
+A card never shows an absolute local path (a target is often a folder such as
+``~/.cache/headway/targets/smollm2-0.1.2``): a local target is named by its folder's last
+component. The card saved with the checkpoint names the heads ``path/to/these/heads``;
+``headway push`` writes it again with the repo id (``model_card(cfg, repo_id=...)``).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
 import yaml
 
 _TITLES = {"medusa": "Medusa heads", "eagle1": "EAGLE-1 drafter", "eagle3": "EAGLE-3 drafter"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_ABSOLUTE = re.compile(r"^(?:/|~|[A-Za-z]:[\\/]|\\\\)")  # POSIX, home, Windows drive or UNC
+LOCAL_HEADS = "path/to/these/heads"  # the saved card's name for the heads; push puts the repo id there
+OTHER_LICENSE = "other"
+DEMO_LICENSE = "apache-2.0"  # the demo target is headway's own (trained here on the stdlib source)
 
 
 def is_hub_id(name: str | None) -> bool:
     return bool(name) and bool(_HUB_ID.match(name)) and ".." not in name
 
 
-def front_matter(cfg: dict[str, Any]) -> dict[str, Any]:
-    target = (cfg.get("target") or {}).get("name_or_path")
-    front: dict[str, Any] = {"library_name": "headway", "tags": ["speculative-decoding", cfg["kind"]],
-                             "pipeline_tag": "text-generation"}
-    if is_hub_id(target):
-        front["base_model"] = target
+def is_absolute_path(value: str) -> bool:
+    return bool(_ABSOLUTE.match(value))
+
+
+def _pure(path: str) -> PurePosixPath | PureWindowsPath:
+    return PureWindowsPath(path) if "\\" in path else PurePosixPath(path)
+
+
+def last_component(path: str) -> str:
+    """``/root/.cache/headway/targets/smollm2-0.1.2`` -> ``smollm2-0.1.2`` (POSIX or Windows)."""
+    return _pure(path).name or path.strip("/\\~") or "target"
+
+
+def scrub_paths(value: Any) -> Any:
+    """``value`` with every string that is an absolute local path replaced by its last component."""
+    if isinstance(value, str):
+        return last_component(value) if is_absolute_path(value) else value
+    if isinstance(value, dict):
+        return {k: scrub_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_paths(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class TargetView:
+    """How the card names a target: never by a local path."""
+
+    label: str  # the title and the target table: a Hub id, or a local folder's last component
+    load_as: str  # what the usage snippet passes to Speculator.from_pretrained
+    base_model: str | None  # front matter: Hub ids only
+    license: str | None  # the heads' license when headway knows it, else None (-> "other")
+    note: str | None = None  # one sentence on where the target comes from
+
+
+def target_view(name_or_path: str | None) -> TargetView:
+    if not name_or_path:
+        return TargetView("a causal LM", "path/to/target", None, None)
+    if is_hub_id(name_or_path):
+        return TargetView(name_or_path, name_or_path, name_or_path, None)
+    from ..build_config import PRESETS
+    from ..named_targets import NAMED_TARGETS
+
+    label = last_component(name_or_path)
+    in_cache = _pure(name_or_path).parent.name == "targets"  # built by headway: <cache>/targets/<name>
+    for spec in NAMED_TARGETS.values():
+        if name_or_path == spec.name or in_cache and label == f"{spec.name}-{spec.version}":
+            license = spec.license.lower() if re.fullmatch(r"[A-Za-z0-9.-]+", spec.license) else None
+            return TargetView(label, spec.name, None, license,
+                              f"headway's named target `{spec.name}`: {spec.model}, converted from the GGUF of the "
+                              f"`{spec.package}` {spec.version} wheel (`headway target build {spec.name}`)")
+    if name_or_path == "demo" or in_cache and label.split("-")[0] in PRESETS:
+        load_as = "demo" if label == "demo" or label.startswith("demo-") else f"path/to/{label}"
+        return TargetView(label, load_as, None, DEMO_LICENSE,
+                          "headway's demo target, a small Llama trained on the Python standard library's source "
+                          "(`headway target build`)")
+    return TargetView(label, f"path/to/{label}", None, None)
+
+
+def card_license(cfg: dict[str, Any], license: str | None = None) -> str:
+    """The license the card states: the one given, else the target's when headway knows it, else "other"."""
+    return license or target_view((cfg.get("target") or {}).get("name_or_path")).license or OTHER_LICENSE
+
+
+def front_matter(cfg: dict[str, Any], license: str | None = None) -> dict[str, Any]:
+    view = target_view((cfg.get("target") or {}).get("name_or_path"))
+    front: dict[str, Any] = {"library_name": "headway", "license": card_license(cfg, license),
+                             "tags": ["speculative-decoding", cfg["kind"]]}
+    if view.base_model:
+        front["base_model"] = view.base_model
     return front
 
 
 def _json_block(title: str, data: Any) -> list[str]:
-    return ["", f"<details><summary>{title}</summary>", "", "```json", json.dumps(data, indent=2), "```",
-            "", "</details>"]
+    return ["", f"<details><summary>{title}</summary>", "", "```json", json.dumps(scrub_paths(data), indent=2),
+            "```", "", "</details>"]
 
 
 def training_section(training: dict[str, Any]) -> list[str]:
@@ -41,7 +117,7 @@ def training_section(training: dict[str, Any]) -> list[str]:
             ("global batch", training.get("global_batch")), ("processes", training.get("world_size")),
             ("time (s)", training.get("train_time_s")), ("final loss", training.get("final_loss"))]
     lines = ["", "## Training data", "", "| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
+    lines += [f"| {k} | {scrub_paths(v)} |" for k, v in rows if v is not None]
     return lines + _json_block("all training settings", training)
 
 
@@ -58,25 +134,45 @@ def acceptance_section(ev: dict[str, Any]) -> list[str]:
     return lines + _json_block("all evaluation numbers", ev)
 
 
-def model_card(cfg: dict[str, Any]) -> str:
-    """Front matter, then what the heads are, how they were trained and how well they draft."""
+def license_section(license: str, view: TargetView) -> list[str]:
+    if license == OTHER_LICENSE:
+        text = (f"`other`: these weights are derived from the target ({view.label}); check the target model's "
+                "license before using or redistributing them. `headway push --license ID` states one.")
+    elif license == view.license:
+        text = f"`{license}`, the license of the target ({view.label})."
+    else:
+        text = f"`{license}`."
+    return ["", "## License", "", text]
+
+
+def model_card(cfg: dict[str, Any], repo_id: str | None = None, license: str | None = None) -> str:
+    """Front matter, then what the heads are, how they were trained and how well they draft.
+    ``repo_id``: the Hub repository the card is pushed to (named in the usage lines)."""
     kind = cfg["kind"]
     target = cfg.get("target") or {}
     meta = cfg.get("metadata") or {}
-    lines = ["---", yaml.safe_dump(front_matter(cfg), sort_keys=False).strip(), "---", "",
-             f"# {_TITLES.get(kind, kind)} for {target.get('name_or_path') or 'a causal LM'}", "",
+    view = target_view(target.get("name_or_path"))
+    heads = repo_id or LOCAL_HEADS
+    license = card_license(cfg, license)
+    lines = ["---", yaml.safe_dump(front_matter(cfg, license), sort_keys=False).strip(), "---", "",
+             f"# {_TITLES.get(kind, kind)} for {view.label}", "",
              f"Draft module for speculative decoding, trained with headway {cfg.get('headway_version', '')} on a "
-             "frozen target. The target's output is unchanged: the draft only proposes tokens the target verifies.", "",
-             "## Target", "", "| field | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in target.items()]
+             "frozen target. The target's output is unchanged: the draft only proposes tokens the target verifies. "
+             "It cannot generate on its own: load it together with its target.", "",
+             "## Target", ""]
+    if view.note:
+        lines += [f"The target is {view.note}.", ""]
+    lines += ["| field | value |", "|---|---|"]
+    lines += [f"| {k} | {view.label if k == 'name_or_path' else scrub_paths(v)} |" for k, v in target.items()]
     if meta.get("training"):
         lines += training_section(meta["training"])
     if meta.get("eval"):
         lines += acceptance_section(meta["eval"])
     if meta.get("decode"):
-        lines += ["", "## Decoding", "", "```json", json.dumps(meta["decode"], indent=2), "```"]
-    lines += ["", "## Use", "", "```python", "from headway.decode import Speculator",
-              f"spec = Speculator.from_pretrained({target.get('name_or_path', 'TARGET')!r}, 'THIS_REPO')",
-              "print(spec.generate('def fib(n):', max_new_tokens=64).text)", "```", "",
-              "Engines: `headway export THIS_REPO --format vllm|sglang|trtllm --out DIR`.", ""]
-    return "\n".join(lines)
+        lines += ["", "## Decoding", "", "```json", json.dumps(scrub_paths(meta["decode"]), indent=2), "```"]
+    lines += ["", "## Use", "", "```python", "from headway.decode import Speculator", "",
+              f"spec = Speculator.from_pretrained({json.dumps(view.load_as)}, {json.dumps(heads)})",
+              'print(spec.generate("def fib(n):", max_new_tokens=64).text)', "```", "",
+              f"Engines: `headway export {heads} --format vllm|sglang|trtllm --out DIR`."]
+    lines += license_section(license, view)
+    return "\n".join(lines) + "\n"

@@ -58,13 +58,13 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .. import __version__
-from ..config import opt
 from ..errors import HeadwayError
 from .base import (HeadsBase, check_finite, check_tokenizer, heads_class, publish_mode, read_config, read_tensors,
                    resolve_checkpoint)
+from .configs import EXPORT_DTYPES, EXPORT_FORMATS, ExportConfig  # noqa: F401  (ExportConfig: re-exported)
 
-FORMATS = ("vllm", "sglang", "trtllm")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FORMATS = EXPORT_FORMATS
+DTYPES = dict(zip(EXPORT_DTYPES, (torch.float32, torch.bfloat16, torch.float16)))
 
 Shape = tuple[int, ...]
 Spec = dict[str, tuple[Shape, torch.dtype | None]]  # tensor name -> (shape, dtype or None = any float)
@@ -444,19 +444,6 @@ def export_heads(source: str | Path | HeadsBase, fmt: str, out: str | Path,
 
 
 # -- CLI ----------------------------------------------------------------------------------------
-@dataclass
-class ExportConfig:
-    heads: str = opt(help="headway heads: a checkpoint folder or a Hub repo id (org/name)", positional=True)
-    format: str = opt(help="engine format: vllm (Medusa, EAGLE-1, EAGLE-3), sglang (EAGLE-1, EAGLE-3), "
-                           "trtllm (Medusa)", choices=FORMATS)
-    out: str = opt(help="write the engine folder here (replaced atomically if it exists)")
-    target: str | None = opt(None, "target model (folder, Hub id or 'demo'); needed only for Medusa heads that "
-                                   "share the target's lm_head")
-    dtype: str | None = opt(None, "cast floating tensors to float32 | bfloat16 | float16 (default: keep)",
-                            choices=tuple(DTYPES))
-    revision: str | None = opt(None, "Hub revision of the heads")
-
-
 def export_cli(cfg: ExportConfig) -> int:
     import time
 

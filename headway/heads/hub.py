@@ -2,21 +2,28 @@
 
 Every failure that can be known before uploading is reported at once, in one line: a malformed
 repo id, offline mode, no token, an unreachable endpoint (one short probe instead of
-huggingface_hub's retry loop, which waits ~23 s per file when there is no network).
+huggingface_hub's retry loop, which waits ~23 s per file when there is no network). The model
+card is written again for the repo (its usage lines name the repo id; ``--license`` is stated) in a
+staging copy of the checkpoint: the folder on disk keeps the card it was saved with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from ..config import opt
 from ..errors import HeadwayError
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_LICENSE = re.compile(r"^[a-z0-9][a-z0-9.+-]*$")  # the Hub's license ids: apache-2.0, mit, cc-by-4.0, other, ...
 PROBE_TIMEOUT_S = 5.0
 
 
@@ -66,10 +73,47 @@ def push_folder(folder: Path, repo_id: str, private: bool = False, revision: str
     return str(getattr(info, "commit_url", repo_id))
 
 
+def check_license(license: str | None) -> None:
+    if license is not None and not _LICENSE.match(license):
+        raise HubError(f"license must be a Hub license id such as apache-2.0, mit or other; got '{license}'")
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # the weights can be gigabytes: a hard link costs nothing
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+@contextlib.contextmanager
+def staged_for_push(folder: Path, repo_id: str, license: str | None = None) -> Iterator[Path]:
+    """A copy of the checkpoint whose model card is written again for ``repo_id``: the usage lines
+    name the repo instead of the saved card's placeholder, and ``license`` (if given) is stated.
+    The checkpoint folder itself is left as it is."""
+    from .base import read_config
+    from .card import model_card
+
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{folder.name}.push-", dir=folder.parent)  # same disk: links work
+    except OSError:
+        tmp = tempfile.mkdtemp(prefix="headway-push-")
+    try:
+        stage = Path(tmp) / folder.name
+        shutil.copytree(folder, stage, copy_function=_link_or_copy)
+        card = stage / "README.md"
+        card.unlink()  # a hard link to the original card: replace it, never write through it
+        card.write_text(model_card(read_config(folder), repo_id=repo_id, license=license))
+        yield stage
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def push_heads(heads: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
-               token: str | None = None, endpoint: str | None = None) -> str:
-    """Push a native heads checkpoint folder (config.json + model.safetensors + README.md)."""
+               token: str | None = None, endpoint: str | None = None, license: str | None = None) -> str:
+    """Push a native heads checkpoint folder (config.json + model.safetensors + README.md), its
+    model card written again for ``repo_id`` (and ``license``)."""
     check_repo_id(repo_id)
+    check_license(license)
     folder = Path(heads).expanduser()
     if not folder.is_dir():
         raise HubError(f"heads folder not found: {folder}")
@@ -81,7 +125,8 @@ def push_heads(heads: str | Path, repo_id: str, private: bool = False, revision:
             raise HubError(f"{folder} has no {name}; save it with save_pretrained (which writes the model card)")
     weights = folder / "model.safetensors"  # never publish a truncated file or NaN weights
     check_finite(read_tensors(weights, HubError), str(weights), HubError)
-    return push_folder(folder, repo_id, private=private, revision=revision, token=token, endpoint=endpoint)
+    with staged_for_push(folder, repo_id, license) as stage:
+        return push_folder(stage, repo_id, private=private, revision=revision, token=token, endpoint=endpoint)
 
 
 @dataclass
@@ -90,10 +135,13 @@ class PushConfig:
     repo_id: str = opt(help="Hub repository, org/name (created if missing)", positional=True)
     private: bool = opt(False, "create the repository as private")
     revision: str | None = opt(None, "branch to push to (created if missing); default main")
+    license: str | None = opt(None, "license id for the model card (apache-2.0, mit, ...); default: the target's "
+                                    "when headway knows it (demo, smollm2), else 'other' with a note to check the "
+                                    "target model's license")
 
 
 def push_cli(cfg: PushConfig) -> int:
     t0 = time.perf_counter()
-    url = push_heads(cfg.heads, cfg.repo_id, private=cfg.private, revision=cfg.revision)
+    url = push_heads(cfg.heads, cfg.repo_id, private=cfg.private, revision=cfg.revision, license=cfg.license)
     print(f"pushed {cfg.heads} to {url} ({time.perf_counter() - t0:.1f}s)")
     return 0

@@ -14,16 +14,16 @@ from the tensor names, never from the config (the reference's config has been wr
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from ..config import check_choice, opt
+from ..config import check_choice
 from ..target import TargetInfo
 from .base import HeadsBase, HeadsError, load_state_strict
+from .configs import ImportConfig  # noqa: F401  (re-exported; light, for --help)
 from .medusa import MedusaConfig, MedusaHeads
 
 MEDUSA_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
@@ -150,16 +150,6 @@ def import_heads(path: str | Path, target: nn.Module | None = None, fmt: str = "
     fmt = detect_format(path) if fmt == "auto" else fmt
     check_choice(fmt, tuple(IMPORTERS), "format")
     return IMPORTERS[fmt](path, target=target)
-
-
-@dataclass
-class ImportConfig:
-    source: str = opt(help="reference checkpoint: a folder, a file, or a Hub repo id", positional=True)
-    out: str = opt(help="write the native heads checkpoint here")
-    target: str | None = opt(None, "target to check the heads against (and record in the checkpoint); "
-                                   "'demo' = the demo target")
-    format: str = opt("auto", "reference format: auto (from the files), medusa (FasterDecoding), eagle "
-                              "(EAGLE-1/EAGLE-3 layouts)", choices=("auto", *IMPORTERS))
 
 
 def import_cli(cfg: ImportConfig) -> int:

@@ -43,3 +43,21 @@ def adapter_dir(heads_dir: str | Path, metadata: dict[str, Any] | None = None) -
                          f"or a path, got {meta.get('adapter')!r}")
     path = Path(entry).expanduser()
     return path if path.is_absolute() else heads_dir / path
+
+
+def calibration_temperatures(metadata: dict[str, Any] | None) -> list[float] | None:
+    """``metadata["calibration"]["temperature_by_depth"]``: the temperature per draft depth (depth 1
+    first) the decoder divides the drafter's logits by when it ranks tree nodes; None without one.
+    Written by training (fitted on its held-out data) or ``headway tune calibration_data=...``."""
+    from .base import HeadsError
+
+    entry = (metadata or {}).get("calibration")
+    if not entry:
+        return None
+    temps = entry.get("temperature_by_depth") if isinstance(entry, dict) else None
+    ok = isinstance(temps, list) and all(
+        isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf") for t in temps)
+    if not ok:
+        raise HeadsError(f"metadata.calibration.temperature_by_depth should be a list of positive numbers, got "
+                         f"{temps if isinstance(entry, dict) else entry!r}")
+    return [float(t) for t in temps] or None

@@ -18,9 +18,10 @@ from torch import Tensor, nn
 
 from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase
 from .batch import collate_features, lm_head_logits, stored_batch, stored_keys
+from .calibration import depth_sums, eagle_logit_ids, stack_depths, summarize_calibration
 from .config import TrainConfig
 from .tasks import TASKS, ParamGroup, TargetBatch, answer_draft_vocab
-from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, shift_left,
+from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, label_mask, shift_left,
                   summarize_acceptance, unroll)
 
 EVAL_DEPTH = 5  # drafted tokens per simulated chain; the same depth as Medusa's default 5 heads
@@ -56,23 +57,44 @@ def eval_sums(drafter: nn.Module, tb: TargetBatch, hidden: Tensor, depth: int) -
     ``accept_hist``: the simulated chain against the data's tokens (as Medusa's chain metric;
     on sampled data, acceptance at the distillation temperature); ``accept_hist_greedy``:
     against the target's argmax (greedy decoding); ``top1_hits[j]``: chain starts where step j,
-    fed the data's tokens and the drafter's own features as in training, predicts the data's token."""
+    fed the data's tokens and the drafter's own features as in training, predicts the data's token;
+    ``calib_*``: the same steps' calibration sums (``train/calibration.py``), depth j+1 = step j."""
     data_next = shift_left(tb.input_ids, 1)  # (B, T) x_{s+1}
     accepted, start = chain_accepted(drafter, tb.input_ids, hidden, data_next, tb.loss_mask, depth)
     greedy, _ = chain_accepted(drafter, tb.input_ids, hidden, tb.logits.argmax(-1), tb.loss_mask, depth)
-    hits = []
-    with torch.no_grad():
-        for j, (_, logits) in enumerate(unroll(drafter, tb.input_ids, hidden, depth)):
-            ok = drafter.to_target_ids(logits.argmax(-1)) == shift_left(data_next, j + 1)
-            hits.append((ok & start).sum())
+    hits, calib = teacher_forced_sums(drafter, tb.input_ids, hidden, start, depth)
     return {"accept_hist": acceptance_stats(accepted, start, depth)["accept_hist"],
             "accept_hist_greedy": acceptance_stats(greedy, start, depth)["accept_hist"],
-            "top1_hits": torch.stack(hits).float(), "starts": start.sum().float().reshape(1)}
+            "top1_hits": hits, "starts": start.sum().float().reshape(1), **calib}
+
+
+@torch.no_grad()
+def teacher_forced_sums(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, start: Tensor,
+                        depth: int) -> tuple[Tensor, dict[str, Tensor]]:
+    """Step j (depth j+1) fed the data's tokens and the drafter's own features, at chain starts:
+    (top-1 hits on the data's token (depth,), the ``calib_*`` calibration sums against it)."""
+    data_next = shift_left(input_ids, 1)  # (B, T) x_{s+1}
+    hits, per_depth = [], []
+    for j, (_, logits) in enumerate(unroll(drafter, input_ids, hidden, depth)):
+        label = shift_left(data_next, j + 1)  # (B, T) the token step j predicts
+        ok = drafter.to_target_ids(logits.argmax(-1)) == label
+        hits.append((ok & start).sum())
+        per_depth.append(depth_sums(logits[start], eagle_logit_ids(drafter, label[start])))  # one depth at a time
+    return torch.stack(hits).float(), stack_depths(per_depth)
+
+
+def eagle_calibration_sums(drafter: nn.Module, tb: TargetBatch, hidden: Tensor, depth: int) -> dict[str, Tensor]:
+    """The calibration sums of ``eval_sums`` alone (``fit_calibration``): chain starts as there."""
+    start = torch.ones_like(tb.input_ids, dtype=torch.bool)
+    for j in range(depth):
+        start &= label_mask(tb.loss_mask, j + 2)
+    return teacher_forced_sums(drafter, tb.input_ids, hidden, start, depth)[1]
 
 
 def summarize(stats: dict[str, Tensor]) -> dict[str, Any]:
     """Summed eval stats -> tau (1 + mean accepted, bonus token included) against the data and
-    against the target's greedy choice, acceptance by depth, top-1 per step."""
+    against the target's greedy choice, acceptance by depth, top-1 per step, and calibration
+    by depth (``summarize_calibration``) when its sums are there."""
     out = summarize_acceptance(stats)
     greedy = summarize_acceptance({"accept_hist": stats["accept_hist_greedy"]})
     n = float(stats["starts"].sum().clamp(min=1))
@@ -85,6 +107,8 @@ def summarize(stats: dict[str, Tensor]) -> dict[str, Any]:
     out["top1"] = [round(float(x) / n, 4) for x in stats["top1_hits"]]
     out["tau_greedy"] = round(greedy["tau"], 4)
     out["accept_rate_by_depth_greedy"] = [round(x, 4) for x in greedy["accept_rate_by_depth"]]
+    if "calib_count" in stats:
+        out["calibration"] = summarize_calibration(stats)
     return out
 
 
@@ -218,4 +242,5 @@ def feature_batch(rows: list[dict[str, Tensor]], layers: list[int], lm_head: nn.
 TASKS["eagle1"] = Eagle1Task
 TASKS["eagle3"] = Eagle3Task
 
-__all__ = ["Eagle1Task", "Eagle3Task", "draft_vocab_counts", "eval_sums", "feature_batch", "summarize"]
+__all__ = ["Eagle1Task", "Eagle3Task", "draft_vocab_counts", "eagle_calibration_sums", "eval_sums", "feature_batch",
+           "summarize"]

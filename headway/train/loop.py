@@ -30,6 +30,7 @@ from ..config import to_dict
 from ..errors import HeadwayError
 from .batch import (TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch, stored_keys,
                     target_batch)
+from .calibration import calibration_metadata
 from .checkpoints import (clear_run, folder_run, publish_dirs, read_state, resolve_resume, run_difference,
                           save_checkpoint, write_run)
 from .config import OptimConfig, TrainConfig
@@ -839,6 +840,8 @@ def _fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any, 
         inner.heads.record_tokenizer(tokenizer)  # the decoder refuses a tokenizer whose ids mean other tokens
         if last_eval is not None:
             inner.heads.metadata["eval"] = last_eval
+            if "calibration" in last_eval:  # the decoder ranks tree nodes with these temperatures
+                inner.heads.metadata["calibration"] = calibration_metadata(last_eval["calibration"])
         task.save(inner.heads, accelerator.unwrap_model(module).run_target(), final)
         publish_dirs(final)  # the heads are written to a private temp folder, then renamed
     accelerator.wait_for_everyone()

@@ -57,6 +57,7 @@ from torch import Tensor, nn
 from ..heads import HeadsBase, MedusaHeads
 from ..heads.metadata import ADAPTER_SUBFOLDER, adapter_dir
 from .batch import TargetBatch
+from .calibration import medusa_calibration_sums, summarize_calibration
 from .config import TrainConfig
 from .losses import IGNORE_INDEX, kl_to_target, medusa_labels, medusa_loss, next_token_loss
 from .metrics import draft_vocab_stats, medusa_eval_stats, summarize_heads
@@ -176,13 +177,18 @@ class MedusaTask:
         head_logits = heads(tb.hidden[-1])  # (K, B, T, Vd)
         labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)  # (K, B, T) target ids
         # a token outside the draft vocabulary is a miss the heads cannot avoid: it counts, and never matches
-        stats = medusa_eval_stats(head_logits, in_draft_vocab(heads, labels, missing=-1), self.opts.topk)
+        labels = in_draft_vocab(heads, labels, missing=-1)
+        stats = medusa_eval_stats(head_logits, labels, self.opts.topk)
+        stats.update(medusa_calibration_sums(head_logits, labels, IGNORE_INDEX))  # head k = depth k+1
         if heads.has_draft_vocab:
             stats.update(draft_vocab_stats(heads.t2d, tb.input_ids, tb.loss_mask))
         return stats
 
     def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
-        return summarize_heads(stats, self.opts.topk)
+        out = summarize_heads(stats, self.opts.topk)
+        if "calib_count" in stats:
+            out["calibration"] = summarize_calibration(stats)
+        return out
 
     def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None:
         heads.save_pretrained(out_dir)

@@ -1,0 +1,122 @@
+"""The settings of ``headway tune`` and ``headway bench``.
+
+They live here, apart from the code that runs them (``tune``, ``bench``; both re-export them),
+so that ``headway tune --help`` and ``headway bench --help`` read them without importing torch or
+transformers. Validation that needs the tree code (``parse_shape``) imports it when a config is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ConfigError, check_choice, opt
+from ..data.plans import PROMPT_FORMATS
+from .args import check_decode_args
+
+
+@dataclass
+class TuneConfig:
+    target: str = opt(help="target model folder / Hub id, or 'demo'")
+    heads: str = opt(help="heads checkpoint folder (the tuned tree is written into its config.json)")
+    prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
+    num_prompts: int = opt(8, "calibration prompts to use")
+    prompt_tokens: int = opt(96, "prompt length for demo-corpus prompts")
+    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
+    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
+                                     "user message); chat: always; raw: plain prompts as they are",
+                             choices=PROMPT_FORMATS)
+    max_new_tokens: int = opt(64, "tokens generated per prompt while measuring")
+    probe_depth: int = opt(6, "deepest draft position measured")
+    probe_rank: int = opt(8, "ranks measured per depth")
+    sizes: list[int] = opt(default_factory=lambda: [2, 4, 8, 12, 16, 24, 32, 48, 64],
+                           help="tree sizes (non-root nodes) considered for measured static trees")
+    finalists: int = opt(3, "predicted-best static trees that are run for real")
+    temperatures: list[float] = opt(default_factory=lambda: [0.0], help="temperatures the choice is made for "
+                                                                        "(the mean tokens/s decides)")
+    repeats: int = opt(2, "interleaved timing repeats")
+    calibration_data: str | None = opt(None, "a distilled dataset or features folder of this target: fit the heads' "
+                                             "draft calibration (temperature by depth) on it and store it with the "
+                                             "tree; default: the calibration training stored, if any")
+    dtype: str = opt("float32", "target dtype")
+    device: str | None = opt(None, "device")
+    write: bool = opt(True, "store the chosen tree in the heads' config.json")
+    json_out: str | None = opt(None, "write the measurements here as JSON")
+
+    def __post_init__(self) -> None:
+        check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
+        if not self.temperatures:
+            raise ConfigError("'temperatures' needs one or more values >= 0")
+        for t in self.temperatures:
+            check_decode_args(self.max_new_tokens, t)
+
+
+OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup")
+
+
+@dataclass
+class BenchConfig:
+    target: str = opt("demo", "target model: a folder, a Hub id, or 'demo' (the demo target, built or cached)")
+    heads: list[str] = opt(help="heads checkpoints to compare: --heads A B C (folders or Hub ids)",
+                           default_factory=list)
+    prompts: str = opt("demo:heldout", "prompt source: demo:heldout, demo:train, a .jsonl/.json/.parquet file, "
+                                       "a datasets folder or a cached Hub dataset")
+    num_prompts: int = opt(8, "prompts to use (the first N of the source)")
+    prompt_tokens: int = opt(64, "demo sources: prompt length in tokens (code prefixes cut at line ends)")
+    max_new_tokens: int = opt(128, "new tokens per generation at most (EOS stops earlier, for every method alike)")
+    temperature: list[float] = opt(help="temperatures: --temperature 0 1 (exact-match is checked at 0)",
+                                   default_factory=lambda: [0.0])
+    tree: list[str] = opt(help="tree shapes to try with every heads checkpoint (chain-N, mc_sim_7b_63, "
+                               "dynamic-K-D-T, ...); default: each checkpoint's stored tree, else its kind's default",
+                          default_factory=list)
+    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
+    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
+                                     "user message); chat: always; raw: plain prompts as they are",
+                             choices=PROMPT_FORMATS)
+    baselines: list[str] = opt(help="HF baselines besides hf-generate (always run: the reference and speedup "
+                                    "1.0): hf-assisted hf-prompt-lookup, or none; leave out hf-assisted to bench "
+                                    "a non-demo target without an assistant model",
+                               default_factory=lambda: list(OPTIONAL_BASELINES))
+    assistant: str | None = opt(None, "draft model for HF assisted generation (same tokenizer as the target), or "
+                                      "none to skip that baseline; default for the demo target: the same recipe "
+                                      "with --assistant-layers layers", none_word=True)
+    assistant_layers: int = opt(2, "layers of the default demo assistant")
+    assistant_tokens: int = opt(5, "draft tokens per step in HF assisted generation (constant schedule)")
+    prompt_lookup_tokens: int = opt(10, "draft tokens per step in HF prompt-lookup decoding")
+    repeats: int = opt(3, "timed passes over all prompts; tokens/s and speedup are medians over them")
+    warmup: int = opt(1, "untimed warm-up generations per method and temperature before timing")
+    seed: int = opt(0, "prompt selection and sampling seed")
+    dtype: str = opt("float32", "target dtype (exact-match is promised in float32)")
+    device: str | None = opt(None, "device (default: cuda if available, else cpu)")
+    adapter: str | None = opt(None, "PEFT adapter merged into the target for every method (Medusa-2 heads)")
+    threads: int | None = opt(None, "torch CPU threads (1 is often fastest for small models on a busy machine)")
+    json: str | None = opt(None, "write the report here (schema headway.bench/1)")
+    plot: str | None = opt(None, "write a PNG here: speedup by method, acceptance by depth")
+    progress: bool = opt(True, "show a progress bar on stderr")
+
+    def __post_init__(self) -> None:
+        for name in ("num_prompts", "prompt_tokens", "max_new_tokens", "repeats", "assistant_layers",
+                     "assistant_tokens", "prompt_lookup_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"'{name}' must be at least 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ConfigError(f"'warmup' must be >= 0, got {self.warmup}")
+        if not self.temperature or any(t < 0 for t in self.temperature):
+            raise ConfigError(f"'temperature' needs one or more values >= 0, got {self.temperature}")
+        self.temperature = list(dict.fromkeys(float(t) for t in self.temperature))
+        for t in self.temperature:  # finite too
+            check_decode_args(self.max_new_tokens, t)
+        if self.tree:  # a bad tree fails before the target is loaded
+            from .shapes import parse_shape  # lazy: it imports torch, which --help does not need
+
+            for spec in self.tree:
+                parse_shape(spec)
+        check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
+        self.baselines = [] if self.baselines == ["none"] else list(dict.fromkeys(self.baselines))
+        for name in self.baselines:
+            check_choice(name, OPTIONAL_BASELINES, "baselines")
+        if self.assistant is not None and self.assistant.strip().lower() == "none":
+            # no assistant model: the assisted baseline is skipped, for the demo target as for any other
+            self.assistant = None
+            self.baselines = [b for b in self.baselines if b != "hf-assisted"]
+        if self.assistant and "hf-assisted" not in self.baselines:
+            raise ConfigError("'assistant' is set but 'baselines' leaves out hf-assisted, the only method using it")

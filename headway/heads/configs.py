@@ -1,0 +1,38 @@
+"""The settings of ``headway import`` and ``headway export``.
+
+They live here, apart from the code that runs them (``importers``, ``export``; both re-export them),
+so that ``headway import --help`` and ``headway export --help`` read them without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import opt
+
+EXPORT_FORMATS = ("vllm", "sglang", "trtllm")
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+IMPORT_FORMATS = ("medusa", "eagle")  # the keys of importers.IMPORTERS
+
+
+@dataclass
+class ImportConfig:
+    source: str = opt(help="reference checkpoint: a folder, a file, or a Hub repo id", positional=True)
+    out: str = opt(help="write the native heads checkpoint here")
+    target: str | None = opt(None, "target to check the heads against (and record in the checkpoint); "
+                                   "'demo' = the demo target")
+    format: str = opt("auto", "reference format: auto (from the files), medusa (FasterDecoding), eagle "
+                              "(EAGLE-1/EAGLE-3 layouts)", choices=("auto", *IMPORT_FORMATS))
+
+
+@dataclass
+class ExportConfig:
+    heads: str = opt(help="headway heads: a checkpoint folder or a Hub repo id (org/name)", positional=True)
+    format: str = opt(help="engine format: vllm (Medusa, EAGLE-1, EAGLE-3), sglang (EAGLE-1, EAGLE-3), "
+                           "trtllm (Medusa)", choices=EXPORT_FORMATS)
+    out: str = opt(help="write the engine folder here (replaced atomically if it exists)")
+    target: str | None = opt(None, "target model (folder, Hub id or 'demo'); needed only for Medusa heads that "
+                                   "share the target's lm_head")
+    dtype: str | None = opt(None, "cast floating tensors to float32 | bfloat16 | float16 (default: keep)",
+                            choices=EXPORT_DTYPES)
+    revision: str | None = opt(None, "Hub revision of the heads")

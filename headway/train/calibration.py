@@ -1,0 +1,183 @@
+"""Draft calibration: how confident a drafter is against how often it is right, per depth.
+
+Tree decoders rank candidate nodes by the drafter's cumulative log-probability (EAGLE-2). A
+drafter that is right more often than it is confident (EAGLE-1, whose features go through the
+target's full lm_head) then spends every budget on width. Per depth we measure a reliability
+histogram of the top-1 probability and the label's NLL under ``log_softmax(logits / T)`` for a
+fixed grid of temperatures; the temperature with the least NLL is stored with the heads
+(``metadata["calibration"]``) and the decoder ranks tree nodes with it (``decode/shapes.py``).
+
+Stats are *sums* with fixed shapes (depth x bins, depth x grid), so they add over batches and
+processes like the other eval stats; ``summarize_calibration`` turns the totals into numbers.
+``fit_calibration`` computes the same sums for existing heads on a distilled dataset or a
+features folder (``headway tune calibration_data=...``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor, nn
+
+NUM_BINS = 10  # reliability histogram over the top-1 probability: [0, .1), ..., [.9, 1]
+# 2 ** (k / 4) for k = -8 .. 8: 0.25 .. 4, log-spaced, holding 0.5, 1 and 2 exactly
+TEMPERATURES: tuple[float, ...] = tuple(2.0 ** (k / 4) for k in range(-8, 9))
+FITTED_ON_EVAL = "held-out eval data"
+
+
+def depth_sums(logits: Tensor, labels: Tensor, temperatures: Sequence[float] = TEMPERATURES,
+               bins: int = NUM_BINS) -> dict[str, Tensor]:
+    """One depth: logits (N, V) of N drafted positions, labels (N,) indices into V, -1 where the
+    label is outside the drafter's vocabulary (a miss: counted in the histogram, not in the NLL).
+
+    Returns ``count`` / ``conf`` / ``hits`` (bins,): positions, summed top-1 probability and
+    top-1 == label, by top-1 probability bin; ``nll`` (G,): summed -log softmax(logits / T)[label]
+    per grid temperature over in-vocabulary labels, ``nll_n`` (1,): how many."""
+    z = logits.detach().float()
+    labels = labels.to(z.device)
+    conf, top = z.softmax(-1).max(-1)  # (N,)
+    b = (conf * bins).long().clamp(max=bins - 1)  # (N,)
+    hit = (top == labels).float()
+    known = labels >= 0
+    zk, lk = z[known], labels[known]  # (M, V), (M,)
+    picked = zk.gather(-1, lk[:, None])[:, 0]  # (M,)
+    nll = torch.stack([(torch.logsumexp(zk / t, -1) - picked / t).sum() for t in temperatures])  # (G,)
+    return {"count": torch.bincount(b, minlength=bins).float(),
+            "conf": torch.zeros(bins, device=z.device).index_add_(0, b, conf),
+            "hits": torch.zeros(bins, device=z.device).index_add_(0, b, hit),
+            "nll": nll, "nll_n": known.sum().float().reshape(1)}
+
+
+def calibration_sums(logits: Sequence[Tensor], labels: Sequence[Tensor],
+                     temperatures: Sequence[float] = TEMPERATURES, bins: int = NUM_BINS) -> dict[str, Tensor]:
+    """Per depth d (``logits[d]`` (N_d, V), ``labels[d]`` (N_d,)) -> ``calib_*`` sums stacked to
+    (D, bins) / (D, G) / (D, 1): the eval-stat keys ``summarize_calibration`` reads."""
+    return stack_depths([depth_sums(z, y, temperatures, bins) for z, y in zip(logits, labels)])
+
+
+def stack_depths(per: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """``depth_sums`` of depths 1..D -> the ``calib_*`` eval stats, (D, ...) each."""
+    return {f"calib_{k}": torch.stack([p[k] for p in per]) for k in per[0]}
+
+
+def expected_calibration_error(count: Tensor, conf: Tensor, hits: Tensor) -> float:
+    """ECE from one depth's histogram: sum over bins of |hits - confidence| / positions."""
+    n = float(count.sum())
+    return float((hits - conf).abs().sum()) / n if n else float("nan")
+
+
+def fitted_temperature(nll: Tensor, n: float, temperatures: Sequence[float] = TEMPERATURES) -> float:
+    """The grid temperature with the least summed NLL (1.0 without data)."""
+    return float(temperatures[int(nll.argmin())]) if n > 0 else 1.0
+
+
+def summarize_calibration(stats: dict[str, Tensor], temperatures: Sequence[float] = TEMPERATURES) -> dict[str, Any]:
+    """Summed ``calib_*`` stats -> per depth: mean top-1 confidence, top-1 accuracy, ECE, the
+    fitted temperature and the label's mean NLL before (T=1) and after it."""
+    count, conf, hits = stats["calib_count"].double(), stats["calib_conf"].double(), stats["calib_hits"].double()
+    nll, nll_n = stats["calib_nll"].double(), stats["calib_nll_n"].double()
+    one = min(range(len(temperatures)), key=lambda i: abs(temperatures[i] - 1.0))
+    out: dict[str, list[Any]] = {k: [] for k in ("confidence", "accuracy", "ece", "temperature", "nll",
+                                                  "nll_calibrated", "positions")}
+    for d in range(count.shape[0]):
+        n, m = float(count[d].sum()), float(nll_n[d].sum())
+        t = fitted_temperature(nll[d], m, temperatures)
+        out["confidence"].append(round(float(conf[d].sum()) / n, 4) if n else None)
+        out["accuracy"].append(round(float(hits[d].sum()) / n, 4) if n else None)
+        out["ece"].append(round(expected_calibration_error(count[d], conf[d], hits[d]), 4) if n else None)
+        out["temperature"].append(round(t, 4))
+        out["nll"].append(round(float(nll[d, one]) / m, 4) if m else None)
+        out["nll_calibrated"].append(round(float(nll[d].min()) / m, 4) if m else None)
+        out["positions"].append(int(n))
+    return out
+
+
+def calibration_metadata(summary: dict[str, Any], fitted_on: str = FITTED_ON_EVAL) -> dict[str, Any]:
+    """What the heads store (``metadata["calibration"]``) and the decoder reads: the fitted
+    temperature per draft depth (depth 1 first), with how it was measured."""
+    return {"temperature_by_depth": list(summary["temperature"]), "fitted_on": fitted_on,
+            "grid": [min(TEMPERATURES), max(TEMPERATURES), len(TEMPERATURES)],
+            "ece_by_depth": list(summary["ece"]), "positions_by_depth": list(summary["positions"])}
+
+
+# -- per head kind: which logits predict which label ------------------------------------------
+def eagle_logit_ids(drafter: nn.Module, target_ids: Tensor) -> Tensor:
+    """Target ids -> indices into ``drafter.logits`` (-1 outside its vocabulary): the draft
+    vocabulary, except for EAGLE-1 in train mode, whose logits cover the full vocabulary."""
+    from ..heads import Eagle1Drafter
+
+    if isinstance(drafter, Eagle1Drafter) and drafter.training:
+        return target_ids
+    return drafter.to_draft_ids(target_ids, missing=-1)
+
+
+def medusa_calibration_sums(head_logits: Tensor, labels: Tensor, ignore_index: int) -> dict[str, Tensor]:
+    """head_logits (K, B, T, Vd), labels (K, B, T) draft ids (-1 outside the draft vocabulary,
+    ``ignore_index`` where none): head k is depth k + 1, every labelled position counts."""
+    valid = labels != ignore_index  # (K, B, T)
+    return calibration_sums([z[v] for z, v in zip(head_logits, valid)], [y[v] for y, v in zip(labels, valid)])
+
+
+@torch.no_grad()
+def heads_calibration_sums(heads: nn.Module, tb: Any, depth: int) -> dict[str, Tensor]:
+    """The ``calib_*`` sums of any head kind on a ``TargetBatch``, as its eval stats compute them."""
+    from ..heads import MedusaHeads
+    from .losses import IGNORE_INDEX, medusa_labels
+    from .tasks import in_draft_vocab
+
+    if isinstance(heads, MedusaHeads):
+        labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)
+        return medusa_calibration_sums(heads(tb.hidden[-1]), in_draft_vocab(heads, labels, missing=-1), IGNORE_INDEX)
+    from .eagle import eagle_calibration_sums
+
+    return eagle_calibration_sums(heads, tb, heads.fuse([tb.hidden[i] for i in heads.feature_layers]), depth)
+
+
+def calibration_rows(data: str | Path, layers: Sequence[int], max_rows: int | None) -> Any:
+    """Rows of a distilled dataset (Arrow) or of a features folder, at most ``max_rows``."""
+    from ..data.features import MANIFEST, FeatureStore
+    from .batch import stored_keys
+    from .loop import FeatureRows, load_rows
+
+    path = Path(data).expanduser()
+    if (path / MANIFEST).is_file():
+        rows: Any = FeatureRows(FeatureStore(str(path)), stored_keys(layers, False))
+    else:
+        rows = load_rows(str(path))
+    n = len(rows) if max_rows is None else min(max_rows, len(rows))
+    return rows.select(list(range(n)))
+
+
+@torch.no_grad()
+def fit_calibration(heads: nn.Module, target: nn.Module, data: str | Path, depth: int = 5,
+                    max_rows: int | None = 64, batch_size: int = 4, max_length: int | None = 1024) -> dict[str, Any]:
+    """Fit per-depth temperatures for existing heads, without training: the eval path's sums on
+    ``data`` (a distilled dataset, or a features folder of the same target), summarised. Returns
+    ``calibration_metadata`` with ``summary`` (the per-depth numbers) added. ``depth``: EAGLE chain
+    steps measured (Medusa: one per head)."""
+    from .batch import collate, collate_features, stored_batch, target_batch
+    from .loop import FeatureRows
+
+    layers = [-1] if not hasattr(heads, "feature_layers") else list(heads.feature_layers)
+    rows = calibration_rows(data, layers, max_rows)
+    was_training = heads.training
+    heads.eval()  # the decoder's distribution: the draft vocabulary
+    head = target.get_output_embeddings().weight
+    totals: dict[str, Tensor] = {}
+    try:
+        for i in range(0, len(rows), batch_size):
+            chunk = [rows[j] for j in range(i, min(i + batch_size, len(rows)))]
+            if isinstance(rows, FeatureRows):
+                tb = stored_batch(collate_features(chunk, max_length=max_length), layers, None, head.device, head.dtype)
+            else:
+                tb = target_batch(target, collate(chunk, max_length=max_length), layers, need_logits=False)
+            for k, v in heads_calibration_sums(heads, tb, depth).items():
+                totals[k] = totals[k] + v if k in totals else v
+    finally:
+        heads.train(was_training)
+    if not totals:
+        raise ValueError(f"{data}: no rows to fit the calibration on")
+    summary = summarize_calibration({k: v.cpu() for k, v in totals.items()})
+    return calibration_metadata(summary, fitted_on=str(data)) | {"summary": summary}
