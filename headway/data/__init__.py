@@ -20,8 +20,9 @@ The command functions live in their modules (``headway.data.distill.distill``,
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .distill import DistillConfig, load_distilled
@@ -42,15 +43,4 @@ _EXPORTS = {"DistillConfig": "distill", "load_distilled": "distill", "TokenizeCo
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    # PEP 562: these load on first use. Importing one light module of this package (plans, sources,
-    # encode) must not import features.py and with it torch: `headway <command> --help` reads them.
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
