@@ -7,6 +7,8 @@ prefix (there are at most 42), so 20,000 samples per head kind and tree shape ta
 """
 
 import itertools
+import math
+import zlib
 
 import pytest
 import torch
@@ -133,6 +135,19 @@ def total_variation(counts, probs, n):
     return 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in probs.items())
 
 
+def tv_bound(probs, n):
+    """Mean total variation of ``n`` exact draws (normal approximation, E|X/n - p| per cell) plus
+    0.01, about five standard deviations of that sum: an exact sampler stays under it, while a
+    bias of a few percent on any likely sequence does not."""
+    mean = 0.5 * sum(math.sqrt(2 * p * (1 - p) / (math.pi * n)) for p in probs.values())
+    return mean + 0.01
+
+
+def seed_of(*parts) -> int:
+    # str hashes change per process (PYTHONHASHSEED); a checksum keeps each case's draws fixed
+    return zlib.crc32("/".join(parts).encode()) % 1000
+
+
 CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab")
          for shape in ("chain-3", "mc_sim_7b_63", "dynamic-3-3-8")]
 
@@ -142,11 +157,11 @@ def test_speculative_sampling_matches_target(target, kind, shape):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), heads_for(kind, target), tree=shape)
     probs = exact_distribution(target, params)
-    counts = speculative_samples(spec, params, N_SAMPLES, seed=hash((kind, shape)) % 1000)
+    counts = speculative_samples(spec, params, N_SAMPLES, seed=seed_of(kind, shape))
     assert sum(counts.values()) == N_SAMPLES
     p = chi_square_pvalue(counts, probs, N_SAMPLES)
     assert p > 1e-3, (kind, shape, p, total_variation(counts, probs, N_SAMPLES))
-    assert total_variation(counts, probs, N_SAMPLES) < 0.04
+    assert total_variation(counts, probs, N_SAMPLES) < tv_bound(probs, N_SAMPLES)
 
 
 def test_processed_distribution_with_top_k_and_top_p(target):
