@@ -197,6 +197,8 @@ def import_eagle(name_or_path: str | Path, target: nn.Module | None = None, aux_
 
 
 def _build_eagle1(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) -> Eagle1Drafter:
+    if cfg.get("headway") and "fc.bias" in tensors and not tensors["fc.bias"].any():
+        del tensors["fc.bias"]  # headway's SGLang export writes zeros for "no bias" (SGLang's fc has one)
     g = geometry(cfg, tensors, "layers.0.")
     vocab = int(layer_config(cfg)[0].vocab_size)
     drafter = Eagle1Drafter(Eagle1Config(hidden_size=g.hidden_size, vocab_size=vocab, layer=g,
