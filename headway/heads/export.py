@@ -365,13 +365,15 @@ EXPORTERS: dict[tuple[str, str], Exporter] = {
 }
 
 
+REFUSALS: dict[tuple[str, str], str] = {}  # (kind, format) with no exporter -> why, when it is worth saying
+
+
 def _register_speculators() -> None:
     """The speculators format lives in its own module, which builds on the helpers above."""
-    from .export_speculators import eagle3_speculators, refuse
+    from .export_speculators import eagle3_speculators, why_not
 
     EXPORTERS[("eagle3", "speculators")] = eagle3_speculators
-    EXPORTERS[("eagle1", "speculators")] = refuse("eagle1")
-    EXPORTERS[("medusa", "speculators")] = refuse("medusa")
+    REFUSALS.update({(k, "speculators"): why_not(k) for k in ("eagle1", "medusa")})
 
 
 _register_speculators()
@@ -421,6 +423,8 @@ def build_export(source: str | Path | HeadsBase, fmt: str, target: nn.Module | s
     cfg, tensors, where = read_heads(source, revision)
     kind = cfg["kind"]
     fn = EXPORTERS.get((kind, fmt))
+    if fn is None and (kind, fmt) in REFUSALS:
+        raise ExportError(REFUSALS[(kind, fmt)])
     if fn is None:
         engines = [f for k, f in EXPORTERS if k == kind]
         raise ExportError(f"{kind} heads cannot be exported to {fmt}; formats for {kind}: {', '.join(engines)}")

@@ -78,10 +78,7 @@ def eagle3_speculators(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head:
     return Export(config, {_renamed(k): v for k, v in t.items()}, speculators_eagle3_spec(config), notes=notes)
 
 
-def refuse(kind: str):
-    """An exporter that explains why ``kind`` has no speculators form."""
-    def exporter(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
-                 dtype: str) -> Export:
-        raise ExportError(f"{kind} heads have no speculators form that vLLM loads (vLLM 0.32.0 knows the "
-                          "speculators types eagle3, peagle, dflash, dflash2, dspark); export --format vllm")
-    return exporter
+def why_not(kind: str) -> str:
+    """Why ``kind`` has no speculators form (for the refusal)."""
+    return (f"{kind} heads have no speculators form that vLLM loads (vLLM 0.32.0 knows the speculators types "
+            "eagle3, peagle, dflash, dflash2, dspark); export --format vllm")
