@@ -60,8 +60,8 @@ def worker(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=job.get("model") or job["target"], dtype="float32", max_model_len=job["max_model_len"], enforce_eager=True,
-              seed=0, speculative_config=job["spec"], disable_log_stats=False)
+    llm = LLM(model=job.get("model") or job["target"], dtype="float32", max_model_len=job["max_model_len"],
+              enforce_eager=True, seed=0, speculative_config=job["spec"], disable_log_stats=False)
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
     outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]], params, use_tqdm=False)
     metrics = {}
@@ -446,7 +446,8 @@ def main() -> int:
     (work / "results.json").write_text(json.dumps({"target": str(target_dir), "k": K, "max_new_tokens": N,
                                                     "prompts": len(prompts), "probe_tokens": tokens,
                                                     "rows": rows, "ok": ok}, indent=2))
-    print(f"\n{'heads (@format; none = vllm)':<34}{'ids equal':<11}{'acceptance per position: headway | vLLM':<56}{'ok'}")
+    print(f"\n{'heads (@format; none = vllm)':<34}{'ids equal':<11}"
+          f"{'acceptance per position: headway | vLLM':<56}{'ok'}")
     for r in rows:
         if "error" in r:
             print(f"{r['name']:<34}{'-':<11}{r['error'][:56]:<56}FAIL")

@@ -246,7 +246,8 @@ def test_eagle3_trtllm_is_the_reference_layout_with_output_numbered_layers(eagle
     assert cfg["headway"]["aux_layers_hf_index"] == [1, 2, 3] and cfg["headway"]["format"] == "trtllm"
     assert shapes(t) == {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (100, H), "d2t": (100,),
                          "t2d": (V,), "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
-                         "midlayer.self_attn.q_proj.weight": (64, 2 * H), "midlayer.self_attn.k_proj.weight": (32, 2 * H),
+                         "midlayer.self_attn.q_proj.weight": (64, 2 * H),
+                         "midlayer.self_attn.k_proj.weight": (32, 2 * H),
                          "midlayer.self_attn.v_proj.weight": (32, 2 * H), "midlayer.self_attn.o_proj.weight": (H, 64),
                          "midlayer.mlp.gate_proj.weight": (128, H), "midlayer.mlp.up_proj.weight": (128, H),
                          "midlayer.mlp.down_proj.weight": (H, 128), "midlayer.post_attention_layernorm.weight": (H,)}
