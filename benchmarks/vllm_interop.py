@@ -1,7 +1,8 @@
-"""Interop check: heads exported by `headway export --format vllm`, run in a real engine.
+"""Interop check: heads exported by `headway export --format vllm` / `--format speculators`, run in a real engine.
 
-    .venv/bin/python benchmarks/vllm_interop.py            # ~8 min on 2 busy cores (+2 min the first time)
+    .venv/bin/python benchmarks/vllm_interop.py            # ~11 min on 2 busy cores (+2 min the first time)
     .venv/bin/python benchmarks/vllm_interop.py --heads runs/demo-medusa/final runs/demo-eagle3/final/heads
+    .venv/bin/python benchmarks/vllm_interop.py --formats speculators   # only the speculators exports (EAGLE-3)
 
 The CPU build of vLLM lives in its own virtual environment (default ~/.cache/headway/vllm-venv,
 created on first use: ~2 min, ~2.5 GB; it pins torch 2.13+cpu and transformers<5.20, so it never
@@ -27,6 +28,11 @@ Trained heads are used when given with --heads, or found under runs/ for the sam
 and trains each kind briefly with `headway train`. A negative control exports the trained EAGLE-3
 heads with their aux layer ids one too low (what SGLang's numbering would do in vLLM): the token
 ids stay equal (speculation is lossless), so only the acceptance comparison can catch it — and must.
+
+Formats (--formats): `vllm` (every kind, the target named in `speculative_config`) and `speculators`
+(EAGLE-3 only; vLLM 0.32.0 has no EAGLE-1 or Medusa speculators type). A speculators export is started
+as `LLM(model=EXPORT)`: vLLM finds the verifier (the target) in its config by itself. Each format gets
+the same checks and its own negative control.
 Exit status 0 when every check passes, 1 otherwise; results in WORK/results.json.
 
 This file is also the worker that runs inside the vLLM environment (`--worker JOB.json`): that
@@ -54,8 +60,8 @@ def worker(job_file: str) -> None:
     job = json.loads(Path(job_file).read_text())
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=job["target"], dtype="float32", max_model_len=job["max_model_len"], enforce_eager=True,
-              seed=0, speculative_config=job["spec"], disable_log_stats=False)
+    llm = LLM(model=job.get("model") or job["target"], dtype="float32", max_model_len=job["max_model_len"],
+              enforce_eager=True, seed=0, speculative_config=job["spec"], disable_log_stats=False)
     params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"])
     outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]], params, use_tqdm=False)
     metrics = {}
@@ -270,9 +276,11 @@ def run_headway(target, tokenizer, heads, prompts: list[list[int]], K: int, max_
 
 
 def run_vllm(python: Path, work: Path, name: str, target_dir: Path, spec: dict | None,
-             prompts: list[list[int]], max_new: int, timeout: int) -> dict:
-    job = {"target": str(target_dir), "spec": spec, "prompts": prompts, "max_tokens": max_new,
-           "max_model_len": 512, "result": str(work / f"{name}.vllm.json")}
+             prompts: list[list[int]], max_new: int, timeout: int, model: Path | None = None) -> dict:
+    """One vLLM engine over the prompts; `model` (a speculators export) replaces the target as what
+    vLLM is asked to load."""
+    job = {"target": str(target_dir), "model": str(model) if model else None, "spec": spec, "prompts": prompts,
+           "max_tokens": max_new, "max_model_len": 512, "result": str(work / f"{name}.vllm.json")}
     (work / f"{name}.job.json").write_text(json.dumps(job))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
            "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -307,8 +315,20 @@ def compare(name: str, hw: dict, vl: dict, base: dict, K: int, exact: bool, tol:
                      "seconds": vl["seconds"]}}
 
 
+def engine_run(fmt: str, kind: str, folder: Path, K: int) -> tuple[dict, Path | None]:
+    """(speculative_config, model to load instead of the target) for an export of `fmt`."""
+    if fmt == "speculators":  # vLLM reads method and verifier from the export's config
+        return {"num_speculative_tokens": K}, folder
+    method = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3"}[kind]
+    return {"method": method, "model": str(folder), "num_speculative_tokens": K}, None
+
+
+def supports(fmt: str, kind: str) -> bool:
+    return fmt == "vllm" or kind == "eagle3"
+
+
 def negative_control(python: Path, work: Path, target_dir: Path, target, tok, cases: list, prompts: list,
-                     K: int, N: int, args: argparse.Namespace) -> dict | None:
+                     K: int, N: int, args: argparse.Namespace, fmt: str = "vllm") -> dict | None:
     """The check must be able to fail: trained EAGLE-3 heads exported with the aux layer ids one too
     low (the SGLang numbers given to vLLM) must show different acceptance. Passes when it does."""
     from headway.heads.export import export_heads
@@ -317,15 +337,18 @@ def negative_control(python: Path, work: Path, target_dir: Path, target, tok, ca
     if heads is None:
         print("negative control skipped: it needs trained EAGLE-3 heads (--heads or --train-steps)", flush=True)
         return None
-    folder = export_heads(heads, "vllm", work / "negative-control")
+    name = "negative-control" + ("" if fmt == "vllm" else f"@{fmt}")
+    folder = export_heads(heads, fmt, work / name)
     cfg = json.loads((folder / "config.json").read_text())
     wrong = [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]
-    cfg["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = wrong
+    cfg["eagle_aux_hidden_state_layer_ids"] = wrong
+    if "eagle_config" in cfg:
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = wrong
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    spec = {"method": "eagle3", "model": str(folder), "num_speculative_tokens": K}
+    spec, model = engine_run(fmt, "eagle3", folder, K)
     hw = run_headway(target, tok, heads, prompts, K, N)
-    row = compare("negative-control", hw, run_vllm(python, work, "negative-control", target_dir, spec, prompts, N,
-                                                   args.timeout), {"ids": hw["ids"]}, K, False, args.tolerance)
+    row = compare(name, hw, run_vllm(python, work, name, target_dir, spec, prompts, N, args.timeout, model),
+                  {"ids": hw["ids"]}, K, False, args.tolerance)
     row["acceptance_ok"] = not row["acceptance_ok"]  # a mismatch is the expected outcome
     row["note"] = f"aux ids {wrong} instead of {[i + 1 for i in wrong]}: acceptance must differ"
     return row
@@ -338,6 +361,8 @@ def main() -> int:
     ap.add_argument("--heads", nargs="*", default=[], help="trained native heads checkpoints for this target")
     ap.add_argument("--kinds", nargs="*", default=["medusa", "eagle1", "eagle3"], help="probe kinds to run")
     ap.add_argument("--no-probes", action="store_true", help="only the trained heads")
+    ap.add_argument("--formats", nargs="*", default=["vllm", "speculators"], choices=["vllm", "speculators"],
+                    help="export formats to run (speculators: EAGLE-3 heads only)")
     ap.add_argument("--no-negative-control", dest="negative_control", action="store_false",
                     help="skip the run that exports trained EAGLE-3 heads with aux ids off by one (which the "
                          "acceptance check must catch)")
@@ -391,15 +416,19 @@ def main() -> int:
               flush=True)
 
     rows, timings = [], {}
-    for name, heads, exact in cases:
+    runs = [(f"{name}" + ("" if fmt == "vllm" else f"@{fmt}"), heads, exact, fmt)
+            for name, heads, exact in cases for fmt in args.formats if supports(fmt, heads.kind)]
+    hw_cache: dict[int, dict] = {}  # headway's decode does not depend on the export format
+    for name, heads, exact, fmt in runs:
         t0 = time.perf_counter()
-        folder = export_heads(heads, "vllm", work / name, target=target)
+        folder = export_heads(heads, fmt, work / name, target=target)
         timings[name] = round(time.perf_counter() - t0, 3)
-        method = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3"}[heads.kind]
-        spec = {"method": method, "model": str(folder), "num_speculative_tokens": K}
-        hw = run_headway(target, tok, heads, prompts, K, N)
+        spec, model = engine_run(fmt, heads.kind, folder, K)
+        if id(heads) not in hw_cache:
+            hw_cache[id(heads)] = run_headway(target, tok, heads, prompts, K, N)
+        hw = hw_cache[id(heads)]
         try:
-            vl = run_vllm(python, work, name, target_dir, spec, prompts, N, args.timeout)
+            vl = run_vllm(python, work, name, target_dir, spec, prompts, N, args.timeout, model)
         except RuntimeError as e:
             print(e, flush=True)
             rows.append({"name": name, "ids_equal": False, "acceptance_ok": False, "error": str(e).splitlines()[0]})
@@ -409,20 +438,22 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    control = negative_control(python, work, target_dir, target, tok, cases, prompts, K, N, args) \
-        if args.negative_control else None
-    rows += [control] if control else []
+    if args.negative_control:
+        for fmt in args.formats:
+            control = negative_control(python, work, target_dir, target, tok, cases, prompts, K, N, args, fmt)
+            rows += [control] if control else []
     ok = all(r["ids_equal"] and r["acceptance_ok"] for r in rows)
     (work / "results.json").write_text(json.dumps({"target": str(target_dir), "k": K, "max_new_tokens": N,
                                                     "prompts": len(prompts), "probe_tokens": tokens,
                                                     "rows": rows, "ok": ok}, indent=2))
-    print(f"\n{'heads':<28}{'ids equal':<11}{'acceptance per position: headway | vLLM':<56}{'ok'}")
+    print(f"\n{'heads (@format; none = vllm)':<34}{'ids equal':<11}"
+          f"{'acceptance per position: headway | vLLM':<56}{'ok'}")
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:<28}{'-':<11}{r['error'][:56]:<56}FAIL")
+            print(f"{r['name']:<34}{'-':<11}{r['error'][:56]:<56}FAIL")
             continue
         acc = f"{r['headway']['per_pos']}/{r['headway']['drafts']} | {r['vllm']['per_pos']}/{r['vllm']['drafts']}"
-        print(f"{r['name']:<28}{str(r['ids_equal']):<11}{acc:<56}"
+        print(f"{r['name']:<34}{str(r['ids_equal']):<11}{acc:<56}"
               f"{'ok' if r['ids_equal'] and r['acceptance_ok'] else 'FAIL'}{' (exact)' if r['exact'] else ''}")
     print(f"results: {work / 'results.json'}")
     return 0 if ok else 1

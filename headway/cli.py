@@ -39,9 +39,10 @@ COMMANDS: dict[str, Command] = {
                         "headway.data.encode:TokenizeConfig", "headway.data.encode:tokenize_cli"),
     "features": Command("Store the target's hidden states over a distilled dataset (EAGLE offline mode).",
                         "headway.data.features:FeaturesConfig", "headway.data.features:features_cli"),
-    "import": Command("Import a reference checkpoint (FasterDecoding Medusa, EAGLE-1/EAGLE-3 layouts) as native heads.",
+    "import": Command("Import a reference checkpoint or any headway export (Medusa, EAGLE-1/EAGLE-3) as native heads.",
                       "headway.heads.configs:ImportConfig", "headway.heads.importers:import_cli"),
-    "export": Command("Export heads for an engine: vLLM (Medusa, EAGLE-1/3), SGLang (EAGLE-1/3), TensorRT-LLM (Medusa).",
+    "export": Command("Export heads for an engine: vLLM (Medusa, EAGLE-1/3), SGLang (EAGLE-1/3), TensorRT-LLM "
+                      "(Medusa, EAGLE-3), speculators (EAGLE-3).",
                       "headway.heads.configs:ExportConfig", "headway.heads.export:export_cli"),
     "push": Command("Push a heads checkpoint (weights + model card) to the Hugging Face Hub: push HEADS ORG/NAME.",
                     "headway.heads.hub:PushConfig", "headway.heads.hub:push_cli"),

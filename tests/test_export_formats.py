@@ -1,4 +1,4 @@
-"""`headway export`: engine folders for vLLM / SGLang / TensorRT-LLM, checked against each
+"""`headway export`: engine folders for vLLM / SGLang / TensorRT-LLM / speculators, checked against each
 engine's names and shapes; refusals; EAGLE-3 aux-layer translation; atomic writes."""
 
 import json
@@ -230,9 +230,72 @@ def test_eagle3_config_tensors_and_aux_layers_per_engine(eagle3, tmp_path, fmt, 
     assert torch.equal(torch.arange(100) + t["d2t"], torch.arange(0, 200, 2))  # draft id -> target id
 
 
+def test_eagle3_trtllm_is_the_reference_layout_with_output_numbered_layers(eagle3, tmp_path):
+    """TensorRT-LLM's Eagle3ForCausalLM (PyTorch backend) reads midlayer.*, fc, norm, lm_head, d2t;
+    its eagle3_layers_to_capture number a layer's output, as SGLang: HF index - 1."""
+    out = export_heads(save(eagle3, tmp_path / "h"), "trtllm", tmp_path / "out")
+    cfg, t = read(out)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
+    assert (cfg["draft_vocab_size"], cfg["target_hidden_size"], cfg["vocab_size"]) == (100, H, V)
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (H, 4, 2)
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert "eagle_aux_hidden_state_layer_ids" not in cfg  # a top-level key would mean vLLM's numbering
+    # flags that switch Eagle3DraftModel to other variants stay unset
+    assert not {"bias", "norm_output", "fc_norm"} & set(cfg)
+    assert not {"norm_before_fc", "eh_proj_before_attn", "return_hidden_post_norm"} & set(cfg["eagle_config"])
+    assert cfg["headway"]["aux_layers_hf_index"] == [1, 2, 3] and cfg["headway"]["format"] == "trtllm"
+    assert shapes(t) == {"fc.weight": (H, 3 * H), "norm.weight": (H,), "lm_head.weight": (100, H), "d2t": (100,),
+                         "t2d": (V,), "midlayer.input_layernorm.weight": (H,), "midlayer.hidden_norm.weight": (H,),
+                         "midlayer.self_attn.q_proj.weight": (64, 2 * H),
+                         "midlayer.self_attn.k_proj.weight": (32, 2 * H),
+                         "midlayer.self_attn.v_proj.weight": (32, 2 * H), "midlayer.self_attn.o_proj.weight": (H, 64),
+                         "midlayer.mlp.gate_proj.weight": (128, H), "midlayer.mlp.up_proj.weight": (128, H),
+                         "midlayer.mlp.down_proj.weight": (H, 128), "midlayer.post_attention_layernorm.weight": (H,)}
+    assert t["d2t"].dtype == torch.int64 and torch.equal(torch.arange(100) + t["d2t"], torch.arange(0, 200, 2))
+    assert "eagle3_layers_to_capture={0, 1, 2}" in (out / "README.md").read_text()
+
+
+def test_speculators_eagle3_is_what_vllm_detects(eagle3, tmp_path):
+    """The fields vLLM 0.32.0's SpeculatorsConfig validates and reads, and the speculators tensor names."""
+    eagle3.target_info.name_or_path = "someorg/tiny-llama"
+    out = export_heads(save(eagle3, tmp_path / "h"), "speculators", tmp_path / "out")
+    cfg, t = read(out)
+    spec = cfg["speculators_config"]
+    assert cfg["speculators_model_type"] == "eagle3" and spec["algorithm"] == "eagle3"
+    assert spec["proposal_methods"][0]["speculative_tokens"] == 3
+    assert spec["verifier"] == {"name_or_path": "someorg/tiny-llama", "architectures": ["LlamaForCausalLM"]}
+    layer = cfg["transformer_layer_config"]
+    assert layer["model_type"] == "llama" and layer["num_hidden_layers"] == 1 and layer["vocab_size"] == V
+    assert (layer["hidden_size"], layer["head_dim"], layer["num_key_value_heads"]) == (H, 16, 2)
+    assert (cfg["draft_vocab_size"], cfg["target_hidden_size"]) == (100, H)
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM's numbering: HF indices
+    assert cfg["norm_before_residual"] is False  # vLLM's default for speculators is true
+    assert cfg["norm_before_fc"] is False and "eagle_config" not in cfg
+    names = {"fc.weight", "layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight", "norm.weight",
+             "lm_head.weight", "d2t", "t2d"} | eagle1_layer_names()
+    assert set(t) == names and t["layers.0.self_attn.q_proj.weight"].shape == (64, 2 * H)
+    assert torch.equal(t["fc.weight"], eagle3.fc.weight) and t["d2t"].dtype == torch.int64
+    assert "vllm serve" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "medusa"])
+def test_speculators_refuses_kinds_vllm_has_no_speculators_type_for(target, tmp_path, kind):
+    heads = Eagle1Drafter.for_target(target) if kind == "eagle1" else MedusaHeads.for_target(target)
+    with pytest.raises(ExportError, match=f"{kind} heads have no speculators form.*--format vllm"):
+        export_heads(heads, "speculators", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_speculators_needs_a_target_to_name_as_verifier(eagle3, tmp_path):
+    eagle3.target_info = None
+    with pytest.raises(ExportError, match="records no target.*verifier"):
+        export_heads(eagle3, "speculators", tmp_path / "out")
+
+
 def test_aux_layer_translation_and_refusals():
     assert engine_aux_layers([2, 4, 5], 8, "vllm") == [2, 4, 5]
     assert engine_aux_layers([2, 4, 5], 8, "sglang") == [1, 3, 4]
+    assert engine_aux_layers([2, 4, 5], 8, "trtllm") == [1, 3, 4]
     with pytest.raises(ExportError, match="after the final norm"):
         engine_aux_layers([0, 1, 2], 2, "vllm")  # index L = post-norm in HF, pre-norm in the engines
     with pytest.raises(ExportError, match="distinct"):
@@ -241,7 +304,8 @@ def test_aux_layer_translation_and_refusals():
 
 def test_eagle3_with_the_last_layer_is_refused(target, tmp_path):
     heads = Eagle3Drafter.for_target(target, aux_layers=[1, 2, L])
-    for fmt in ("vllm", "sglang"):
+    heads.target_info.name_or_path = "someorg/tiny-llama"  # the speculators verifier
+    for fmt in ("vllm", "sglang", "trtllm", "speculators"):
         with pytest.raises(ExportError, match=f"aux layer {L}"):
             export_heads(heads, fmt, tmp_path / fmt)
 
@@ -249,7 +313,7 @@ def test_eagle3_with_the_last_layer_is_refused(target, tmp_path):
 def test_kind_and_format_combinations(target, tmp_path):
     with pytest.raises(ExportError, match="eagle1 heads cannot be exported to trtllm"):
         export_heads(Eagle1Drafter.for_target(target), "trtllm", tmp_path / "a")
-    with pytest.raises(ExportError, match="medusa heads cannot be exported to sglang.*vllm, trtllm"):
+    with pytest.raises(ExportError, match="medusa heads cannot be exported to sglang.*vllm, trtllm$"):
         export_heads(MedusaHeads.for_target(target), "sglang", tmp_path / "b")
     with pytest.raises(ExportError, match="unknown export format"):
         export_heads(MedusaHeads.for_target(target), "onnx", tmp_path / "c")

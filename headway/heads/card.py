@@ -173,6 +173,26 @@ def model_card(cfg: dict[str, Any], repo_id: str | None = None, license: str | N
     lines += ["", "## Use", "", "```python", "from headway.decode import Speculator", "",
               f"spec = Speculator.from_pretrained({json.dumps(view.load_as)}, {json.dumps(heads)})",
               'print(spec.generate("def fib(n):", max_new_tokens=64).text)', "```", "",
-              f"Engines: `headway export {heads} --format vllm|sglang|trtllm --out DIR`."]
+              f"Engines: `headway export {heads} --format vllm|sglang|trtllm|speculators --out DIR`."]
+    lines += license_section(license, view)
+    return "\n".join(lines) + "\n"
+
+
+def export_card(cfg: dict[str, Any], readme: str, repo_id: str | None = None, license: str | None = None) -> str:
+    """The card of an engine export (``headway export``, its ``headway`` block in ``cfg``): Hub front
+    matter (tags: kind and engine format), then the export's own README with the repo id in its load
+    lines (``THIS_FOLDER``) and the target named without a local path."""
+    h = cfg["headway"]
+    name = (h.get("target") or {}).get("name_or_path")
+    view = target_view(name)
+    license = license or view.license or OTHER_LICENSE
+    front: dict[str, Any] = {"library_name": "headway", "license": license,
+                             "tags": ["speculative-decoding", h["kind"], h["format"]]}
+    if view.base_model:
+        front["base_model"] = view.base_model
+    body = readme.replace("THIS_FOLDER", repo_id or "THIS_FOLDER")
+    if name and is_absolute_path(name):
+        body = body.replace(name, view.label)
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "", body.rstrip()]
     lines += license_section(license, view)
     return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import opt
 
-EXPORT_FORMATS = ("vllm", "sglang", "trtllm")
+EXPORT_FORMATS = ("vllm", "sglang", "trtllm", "speculators")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 IMPORT_FORMATS = ("medusa", "eagle")  # the keys of importers.IMPORTERS
 
@@ -21,15 +21,17 @@ class ImportConfig:
     out: str = opt(help="write the native heads checkpoint here")
     target: str | None = opt(None, "target to check the heads against (and record in the checkpoint); "
                                    "'demo' = the demo target")
-    format: str = opt("auto", "reference format: auto (from the files), medusa (FasterDecoding), eagle "
-                              "(EAGLE-1/EAGLE-3 layouts)", choices=("auto", *IMPORT_FORMATS))
+    format: str = opt("auto", "reference format: auto (from the files), medusa (FasterDecoding or vLLM "
+                              "Medusa), eagle (EAGLE-1/EAGLE-3 layouts, speculators); reads every "
+                              "`headway export` format", choices=("auto", *IMPORT_FORMATS))
 
 
 @dataclass
 class ExportConfig:
     heads: str = opt(help="headway heads: a checkpoint folder or a Hub repo id (org/name)", positional=True)
     format: str = opt(help="engine format: vllm (Medusa, EAGLE-1, EAGLE-3), sglang (EAGLE-1, EAGLE-3), "
-                           "trtllm (Medusa)", choices=EXPORT_FORMATS)
+                           "trtllm (Medusa, EAGLE-3), speculators (EAGLE-3; vLLM loads it by itself)",
+                      choices=EXPORT_FORMATS)
     out: str = opt(help="write the engine folder here (replaced atomically if it exists)")
     target: str | None = opt(None, "target model (folder, Hub id or 'demo'); needed only for Medusa heads that "
                                    "share the target's lm_head")

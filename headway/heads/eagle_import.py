@@ -122,6 +122,21 @@ def aux_ids_from_config(cfg: dict[str, Any]) -> list[int] | None:
     return None
 
 
+def default_convention(cfg: dict[str, Any], layout: str) -> str:
+    """How config aux ids are numbered when the caller does not say: a top-level
+    ``eagle_aux_hidden_state_layer_ids`` or a speculators config is read by vLLM, which takes HF
+    hidden-state indices; otherwise ``midlayer.*`` checkpoints follow SGLang (index - 1)."""
+    if cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("speculators_model_type"):
+        return "hf"
+    return "sglang" if layout == "eagle3-sglang" else "hf"
+
+
+def exported_aux_layers(cfg: dict[str, Any]) -> list[int] | None:
+    """HF indices recorded by ``headway export`` (its ``headway`` block), whatever the engine numbering."""
+    ids = (cfg.get("headway") or {}).get("aux_layers_hf_index")
+    return [int(i) for i in ids] if ids else None
+
+
 def resolve_aux_layers(cfg: dict[str, Any], convention: str, target: nn.Module | None,
                        aux_layers: list[int] | None) -> list[int]:
     """HF hidden-state indices of the fused layers: explicit, from the config, or the default."""
@@ -169,7 +184,9 @@ def import_eagle(name_or_path: str | Path, target: nn.Module | None = None, aux_
     if layout == "eagle1":
         drafter = _build_eagle1(cfg, tensors, path)
     else:
-        conv = aux_convention or ("sglang" if layout == "eagle3-sglang" else "hf")
+        conv = aux_convention or default_convention(cfg, layout)
+        if aux_layers is None and aux_convention is None:
+            aux_layers = exported_aux_layers(cfg)
         drafter = _build_eagle3(cfg, tensors, layout, resolve_aux_layers(cfg, conv, target, aux_layers), path)
         drafter.metadata["imported"] = {"aux_convention": conv}
     drafter.metadata.setdefault("imported", {}).update(source=str(name_or_path), layout=layout)
@@ -180,6 +197,8 @@ def import_eagle(name_or_path: str | Path, target: nn.Module | None = None, aux_
 
 
 def _build_eagle1(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path) -> Eagle1Drafter:
+    if cfg.get("headway") and "fc.bias" in tensors and not tensors["fc.bias"].any():
+        del tensors["fc.bias"]  # headway's SGLang export writes zeros for "no bias" (SGLang's fc has one)
     g = geometry(cfg, tensors, "layers.0.")
     vocab = int(layer_config(cfg)[0].vocab_size)
     drafter = Eagle1Drafter(Eagle1Config(hidden_size=g.hidden_size, vocab_size=vocab, layer=g,

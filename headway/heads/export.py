@@ -41,6 +41,15 @@ Engine facts these functions rely on, read from the engines' sources (vLLM 0.32.
   ``--num_medusa_heads`` defaults to 4 and wins over the config: pass it explicitly. The target
   itself is converted by TensorRT-LLM (``--model_dir``), not here. It has no reduced draft
   vocabulary (each projection is vocab_size rows): heads with one are refused.
+- **TensorRT-LLM EAGLE-3** (PyTorch backend only; ``tensorrt_llm/_torch/models/modeling_speculative.py``:
+  ``Eagle3ForCausalLM.load_weights``, ``Eagle3DraftModel``, ``Eagle3DecoderLayer``): the draft config is
+  read with ``ModelConfig.from_pretrained`` (Llama fields, ``draft_vocab_size``, ``target_hidden_size``;
+  ``eagle_config`` flags such as ``norm_before_fc`` stay unset); tensors ``midlayer.*`` (``layers.0.*``
+  is renamed to it), ``fc.weight`` (a bias only when the config says ``bias``), ``norm.weight``,
+  ``lm_head.weight`` (else the target's), ``d2t`` (only when draft_vocab_size != vocab_size); other
+  names such as ``t2d`` are not parameters there. The target layers come from
+  ``Eagle3DecodingConfig.eagle3_layers_to_capture`` (``tensorrt_llm/llmapi/llm_args.py``; default
+  {1, L//2-1, L-4}), captured as ``hidden + residual`` after layer id: HF index - 1, as SGLang.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ DTYPES = dict(zip(EXPORT_DTYPES, (torch.float32, torch.bfloat16, torch.float16))
 
 Shape = tuple[int, ...]
 Spec = dict[str, tuple[Shape, torch.dtype | None]]  # tensor name -> (shape, dtype or None = any float)
+OUTPUT_NUMBERED = ("sglang", "trtllm")  # engines whose EAGLE-3 aux id k is the output of layer k (HF index k+1)
 
 
 class ExportError(HeadwayError):
@@ -284,19 +294,20 @@ def _full_vocab_note(cfg: dict[str, Any]) -> list[str]:
 
 
 def engine_aux_layers(aux_layers: list[int], num_target_layers: int, engine: str) -> list[int]:
-    """Headway's aux layers (HF hidden-state indices) as the engine numbers them: vLLM uses the
-    same indices, SGLang captures entering layer id + 1, so it gets index - 1."""
+    """Headway's aux layers (HF hidden-state indices) as the engine numbers them: vLLM (and its
+    speculators format) uses the same indices; SGLang and TensorRT-LLM capture the output of layer
+    id (= entering layer id + 1), so they get index - 1."""
     L = num_target_layers
     if len(set(aux_layers)) != len(aux_layers):
         raise ExportError(f"EAGLE-3 aux layers must be distinct; got {aux_layers}")
     for i in aux_layers:
         if not 0 <= i < L:
             why = (f"index {i} = {L} is the last layer's output, which transformers v5 returns after the final "
-                   "norm (what these heads were trained on) while vLLM and SGLang capture it before the norm")
+                   "norm (what these heads were trained on) while the engines capture it before the norm")
             raise ExportError(f"EAGLE-3 aux layer {i} cannot be exported for a {L}-layer target: "
                               + (why if i == L else f"indices must be in 0..{L - 1}")
                               + f"; retrain with aux_layers inside 0..{L - 1}")
-    return [i - 1 for i in aux_layers] if engine == "sglang" else list(aux_layers)
+    return [i - 1 for i in aux_layers] if engine in OUTPUT_NUMBERED else list(aux_layers)
 
 
 def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine: str) -> Export:
@@ -310,8 +321,8 @@ def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine:
                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
                "headway": _provenance(cfg, engine, aux_layers_hf_index=list(cfg["aux_layers"]),
                                       aux_layers_written=ids,
-                                      aux_layer_convention="HF output_hidden_states index" if engine == "vllm"
-                                      else "SGLang: HF output_hidden_states index - 1")}
+                                      aux_layer_convention="HF output_hidden_states index - 1"
+                                      if engine in OUTPUT_NUMBERED else "HF output_hidden_states index")}
     if engine == "vllm":
         config["eagle_aux_hidden_state_layer_ids"] = ids  # the top-level key is the one every vLLM path reads
     return Export(config, dict(t), eagle3_spec(config))
@@ -334,12 +345,38 @@ def eagle3_sglang(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torc
     return ex
 
 
+def eagle3_trtllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
+                  dtype: str) -> Export:
+    """TensorRT-LLM (PyTorch backend) reads the EAGLE-3 reference layout, the one SGLang reads."""
+    ex = _eagle3(cfg, t, dtype, "trtllm")
+    layers = ex.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    ex.notes.append("TensorRT-LLM (PyTorch backend): `LLM(model=TARGET, speculative_config=Eagle3DecodingConfig("
+                    "speculative_model=THIS_FOLDER, max_draft_len=4, "
+                    f"eagle3_layers_to_capture={set(layers)}))` (pass the layers: TensorRT-LLM's default is "
+                    "{1, L//2-1, L-4}, not the ones these heads were trained on)")
+    return ex
+
+
 Exporter = Callable[[dict[str, Any], dict[str, torch.Tensor], "torch.Tensor | None", str], Export]
 EXPORTERS: dict[tuple[str, str], Exporter] = {
     ("medusa", "vllm"): medusa_vllm, ("medusa", "trtllm"): medusa_trtllm,
     ("eagle1", "vllm"): eagle1_vllm, ("eagle1", "sglang"): eagle1_sglang,
-    ("eagle3", "vllm"): eagle3_vllm, ("eagle3", "sglang"): eagle3_sglang,
+    ("eagle3", "vllm"): eagle3_vllm, ("eagle3", "sglang"): eagle3_sglang, ("eagle3", "trtllm"): eagle3_trtllm,
 }
+
+
+REFUSALS: dict[tuple[str, str], str] = {}  # (kind, format) with no exporter -> why, when it is worth saying
+
+
+def _register_speculators() -> None:
+    """The speculators format lives in its own module, which builds on the helpers above."""
+    from .export_speculators import eagle3_speculators, why_not
+
+    EXPORTERS[("eagle3", "speculators")] = eagle3_speculators
+    REFUSALS.update({(k, "speculators"): why_not(k) for k in ("eagle1", "medusa")})
+
+
+_register_speculators()
 
 
 # -- reading, converting, writing ---------------------------------------------------------------
@@ -386,6 +423,8 @@ def build_export(source: str | Path | HeadsBase, fmt: str, target: nn.Module | s
     cfg, tensors, where = read_heads(source, revision)
     kind = cfg["kind"]
     fn = EXPORTERS.get((kind, fmt))
+    if fn is None and (kind, fmt) in REFUSALS:
+        raise ExportError(REFUSALS[(kind, fmt)])
     if fn is None:
         engines = [f for k, f in EXPORTERS if k == kind]
         raise ExportError(f"{kind} heads cannot be exported to {fmt}; formats for {kind}: {', '.join(engines)}")

@@ -90,9 +90,9 @@ def staged_for_push(folder: Path, repo_id: str, license: str | None = None) -> I
     """A copy of the checkpoint whose model card is written again for ``repo_id``: the usage lines
     name the repo instead of the saved card's placeholder, and ``license`` (if given) is stated.
     The checkpoint folder itself is left as it is."""
-    from .base import read_config
-    from .card import model_card
+    from .card import export_card, model_card
 
+    cfg = folder_config(folder)
     try:
         tmp = tempfile.mkdtemp(prefix=f".{folder.name}.push-", dir=folder.parent)  # same disk: links work
     except OSError:
@@ -102,36 +102,75 @@ def staged_for_push(folder: Path, repo_id: str, license: str | None = None) -> I
         shutil.copytree(folder, stage, copy_function=_link_or_copy)
         card = stage / "README.md"
         card.unlink()  # a hard link to the original card: replace it, never write through it
-        card.write_text(model_card(read_config(folder), repo_id=repo_id, license=license))
+        text = (folder / "README.md").read_text()
+        card.write_text(model_card(cfg, repo_id=repo_id, license=license) if "kind" in cfg
+                        else export_card(cfg, text, repo_id=repo_id, license=license))
         yield stage
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def folder_config(folder: Path) -> dict:
+    """config.json of a native checkpoint (``kind``) or of a ``headway export`` (its ``headway``
+    block); any other folder is refused."""
+    from ..config import read_json_object
+    from .base import read_config
+
+    f = folder / "config.json"
+    cfg = read_json_object(f, HubError) if f.is_file() else {}
+    exported = cfg.get("headway")
+    if isinstance(exported, dict) and "kind" not in cfg and exported.get("format") and exported.get("kind"):
+        return cfg
+    return read_config(folder)  # a native checkpoint, or the error saying what is missing
+
+
+def weight_files(folder: Path, cfg: dict) -> list[Path]:
+    """The safetensors files to check: model.safetensors for a checkpoint, every *.safetensors of
+    an export (TensorRT-LLM's Medusa is medusa_lm_head.safetensors)."""
+    if "kind" in cfg:
+        return [folder / "model.safetensors"]
+    return sorted(folder.glob("*.safetensors")) or [folder / "model.safetensors"]
+
+
+def check_publishable(cfg: dict, folder: Path) -> None:
+    """A speculators export names its verifier (the target) in config.json, and vLLM loads that
+    name: a local path there would publish a drafter nobody else can start."""
+    from .card import is_absolute_path
+
+    verifier = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or ""
+    if "kind" not in cfg and is_absolute_path(verifier):
+        raise HubError(f"{folder} is a speculators export whose verifier is the local path {verifier}; vLLM on "
+                       "another machine cannot load it. Export heads trained for a Hub target (or edit "
+                       "speculators_config.verifier.name_or_path to its repo id) before pushing")
+
+
 def push_heads(heads: str | Path, repo_id: str, private: bool = False, revision: str | None = None,
                token: str | None = None, endpoint: str | None = None, license: str | None = None) -> str:
-    """Push a native heads checkpoint folder (config.json + model.safetensors + README.md), its
-    model card written again for ``repo_id`` (and ``license``)."""
+    """Push a native heads checkpoint folder (config.json + model.safetensors + README.md) or a
+    ``headway export`` folder, its card written again for ``repo_id`` (and ``license``)."""
     check_repo_id(repo_id)
     check_license(license)
     folder = Path(heads).expanduser()
     if not folder.is_dir():
         raise HubError(f"heads folder not found: {folder}")
-    from .base import check_finite, read_config, read_tensors
+    from .base import check_finite, read_tensors
 
-    read_config(folder)  # a headway checkpoint, not any folder
-    for name in ("model.safetensors", "README.md"):
-        if not (folder / name).is_file():
-            raise HubError(f"{folder} has no {name}; save it with save_pretrained (which writes the model card)")
-    weights = folder / "model.safetensors"  # never publish a truncated file or NaN weights
-    check_finite(read_tensors(weights, HubError), str(weights), HubError)
+    cfg = folder_config(folder)  # a headway checkpoint or export, not any folder
+    check_publishable(cfg, folder)
+    for f in [*weight_files(folder, cfg), folder / "README.md"]:
+        if not f.is_file():
+            raise HubError(f"{folder} has no {f.name}; save it with save_pretrained or headway export (which "
+                           "write the card)")
+    for weights in weight_files(folder, cfg):  # never publish a truncated file or NaN weights
+        check_finite(read_tensors(weights, HubError), str(weights), HubError)
     with staged_for_push(folder, repo_id, license) as stage:
         return push_folder(stage, repo_id, private=private, revision=revision, token=token, endpoint=endpoint)
 
 
 @dataclass
 class PushConfig:
-    heads: str = opt(help="heads checkpoint folder (config.json + model.safetensors + README.md)", positional=True)
+    heads: str = opt(help="heads checkpoint folder (config.json + model.safetensors + README.md), or a folder "
+                          "written by `headway export`", positional=True)
     repo_id: str = opt(help="Hub repository, org/name (created if missing)", positional=True)
     private: bool = opt(False, "create the repository as private")
     revision: str | None = opt(None, "branch to push to (created if missing); default main")

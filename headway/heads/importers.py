@@ -9,10 +9,16 @@ at the files (``kind="auto"``) and ``headway import`` is its command line.
 so the tensors are ``{h}.{l}.linear.weight/bias`` for ResBlock l and ``{h}.{n}.weight`` for
 the vocab projection, possibly prefixed ``medusa_head.``. Head and layer counts are read
 from the tensor names, never from the config (the reference's config has been wrong).
+
+**vLLM Medusa** (what ``headway export --format vllm`` writes for Medusa heads): a folder with
+``config.json`` (``model_type: medusa``, ``truncated_vocab_size``) and ``model.safetensors`` with
+``blocks.{h}.layers.{l}.weight/bias``, ``lm_heads.{h}.weight`` and, for a reduced vocabulary,
+``token_map`` (draft id i -> target id). Counts are again read from the tensor names.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any, Callable
@@ -105,12 +111,7 @@ def import_medusa(path_or_file: str | Path, target: nn.Module | None = None) -> 
     tensors = {k.removeprefix("medusa_head."): v for k, v in read_tensors(f).items()}
     K, n, bias = medusa_layout(tensors, str(f))
     V, H = tensors[f"0.{n}.weight"].shape
-    info = TargetInfo.of(target) if target is not None else None
-    if info is not None:
-        for name, mine, theirs in (("hidden_size", H, info.hidden_size), ("vocab_size", V, info.vocab_size)):
-            if mine != theirs:
-                raise HeadsError(f"{f} holds Medusa heads for a target with {name}={mine}, but this target has "
-                                 f"{name}={theirs} ({info.name_or_path or 'model in hand'})")
+    info = _checked_target(target, H, V, str(f))
     heads = MedusaHeads(MedusaConfig(hidden_size=H, vocab_size=V, num_heads=K, num_layers=n, own_lm_head=True,
                                      bias=bias), info)
     native = {}
@@ -121,10 +122,84 @@ def import_medusa(path_or_file: str | Path, target: nn.Module | None = None) -> 
             native[f"lm_heads.{_PROJ.match(k)[1]}.weight"] = v
     load_state_strict(heads, {k: v.float() for k, v in native.items()}, str(f))
     heads.metadata["imported"] = {"source": str(path_or_file), "format": "fasterdecoding-medusa", "file": f.name}
+    return _attached(heads, target)
+
+
+_VLLM_BLOCK = re.compile(r"^blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)$")
+_VLLM_LM = re.compile(r"^lm_heads\.(\d+)\.weight$")
+
+
+def is_vllm_medusa(path: str | Path) -> bool:
+    """A folder whose config.json says ``model_type: medusa`` (vLLM's Medusa layout)."""
+    f = Path(path).expanduser() / "config.json"
+    if not f.is_file():
+        return False
+    try:
+        return json.loads(f.read_text()).get("model_type") == "medusa"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def vllm_medusa_as_faster_decoding(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """vLLM Medusa names -> FasterDecoding names, so one layout check serves both formats."""
+    n = 1 + max((int(m[2]) for k in tensors if (m := _VLLM_BLOCK.match(k))), default=-1)
+    out = {}
+    for k, v in tensors.items():
+        if m := _VLLM_BLOCK.match(k):
+            out[f"{m[1]}.{m[2]}.linear.{m[3]}"] = v
+        elif m := _VLLM_LM.match(k):
+            out[f"{m[1]}.{n}.weight"] = v
+        elif k != "token_map":
+            raise HeadsError(f"unexpected tensor '{k}' for a vLLM Medusa checkpoint")
+    return out
+
+
+def import_vllm_medusa(path: str | Path, target: nn.Module | None = None) -> MedusaHeads:
+    """A vLLM Medusa folder (config.json + model.safetensors) -> ``MedusaHeads``; a ``token_map``
+    (truncated vocabulary) becomes the heads' draft vocabulary."""
+    folder = Path(path).expanduser()
+    cfg = json.loads((folder / "config.json").read_text())
+    raw = read_tensors(folder / "model.safetensors")
+    tensors = vllm_medusa_as_faster_decoding(raw)
+    K, n, bias = medusa_layout(tensors, str(folder))
+    N, H = tensors[f"0.{n}.weight"].shape
+    V = int(cfg.get("vocab_size") or N)
+    token_map = raw.get("token_map")
+    if (token_map is None) != (N == V):
+        raise HeadsError(f"{folder}: lm_heads have {N} rows for vocab_size {V} but token_map is "
+                         f"{'missing' if token_map is None else 'present'}")
+    info = _checked_target(target, H, V, str(folder))
+    heads = MedusaHeads(MedusaConfig(hidden_size=H, vocab_size=V, num_heads=K, num_layers=n, own_lm_head=True,
+                                     bias=bias, draft_vocab_size=None if token_map is None else N), info)
+    native = {f"blocks.{m[1]}.layers.{m[2]}.{m[3]}": v.float() for k, v in tensors.items() if (m := _RES.match(k))}
+    native |= {f"lm_heads.{h}.weight": tensors[f"{h}.{n}.weight"].float() for h in range(K)}
+    if token_map is not None:
+        heads.set_draft_vocab(token_map.long())
+        native |= {"d2t": heads.d2t.clone(), "t2d": heads.t2d.clone()}
+    load_state_strict(heads, native, str(folder))
+    heads.metadata["imported"] = {"source": str(path), "format": "vllm-medusa"}
+    return _attached(heads, target)
+
+
+def _checked_target(target: nn.Module | None, H: int, V: int, where: str) -> TargetInfo | None:
+    info = TargetInfo.of(target) if target is not None else None
+    if info is not None:
+        for name, mine, theirs in (("hidden_size", H, info.hidden_size), ("vocab_size", V, info.vocab_size)):
+            if mine != theirs:
+                raise HeadsError(f"{where} holds Medusa heads for a target with {name}={mine}, but this target has "
+                                 f"{name}={theirs} ({info.name_or_path or 'model in hand'})")
+    return info
+
+
+def _attached(heads: MedusaHeads, target: nn.Module | None) -> MedusaHeads:
     if target is not None:
         heads.attach(target)
         heads.to(device=target.get_output_embeddings().weight.device)
     return heads.eval()
+
+
+def _import_medusa_any(path: str | Path, target: nn.Module | None = None) -> MedusaHeads:
+    return import_vllm_medusa(path, target) if is_vllm_medusa(path) else import_medusa(path, target)
 
 
 def _import_eagle(path: str | Path, target: nn.Module | None = None) -> HeadsBase:
@@ -133,15 +208,15 @@ def _import_eagle(path: str | Path, target: nn.Module | None = None) -> HeadsBas
     return import_eagle(path, target=target)
 
 
-IMPORTERS: dict[str, Callable[..., HeadsBase]] = {"medusa": import_medusa, "eagle": _import_eagle}
+IMPORTERS: dict[str, Callable[..., HeadsBase]] = {"medusa": _import_medusa_any, "eagle": _import_eagle}
 
 
 def detect_format(path: str | Path) -> str:
-    """'medusa' for FasterDecoding Medusa files, else 'eagle' (EAGLE-1 / EAGLE-3 layouts)."""
+    """'medusa' for FasterDecoding or vLLM Medusa files, else 'eagle' (EAGLE-1 / EAGLE-3 layouts)."""
     p = Path(path).expanduser()
     if p.is_file():
         return "medusa" if p.name.startswith("medusa_lm_head") or p.suffix == ".pt" else "eagle"
-    if p.is_dir() and any((p / n).is_file() for n in MEDUSA_FILES):
+    if p.is_dir() and (any((p / n).is_file() for n in MEDUSA_FILES) or is_vllm_medusa(p)):
         return "medusa"
     return "eagle"
 
