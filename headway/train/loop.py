@@ -877,6 +877,8 @@ def run_steps(run: TrainRun) -> None:
             if not step_is_finite(acc, torch.stack(step_losses).float().sum(), grad_norm):
                 stop_non_finite(run, run.step + 1, non_finite_message(run.inner, cfg, run.step + 1, step_batches,
                                                                       step_losses, grad_norm))
+            if grad_norm is not None:  # the norm before clipping, averaged over the log window
+                sums["grad_norm"] = sums.get("grad_norm", 0) + torch.as_tensor(grad_norm).detach().float()
             run.optimizer.step()
             run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
