@@ -130,6 +130,7 @@ def _run(argv: list[str]) -> int:
         return 0
     try:
         cfg = parse_cli(cfg_cls, rest)
+        quiet_library_bars()
         fn: Callable[[Any], int | None] = _load(cmd.run)
         return int(fn(cfg) or 0)
     except HeadwayError as e:
@@ -145,6 +146,31 @@ def _run(argv: list[str]) -> int:
             from .data.runtime import release_process_group
 
             release_process_group()
+
+
+LIBRARY_BARS = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")  # transformers follows the hub's
+
+
+def quiet_library_bars() -> None:
+    """Silence the libraries' own bars (transformers' "Loading weights", Hub downloads, datasets'
+    map): they would tear through generated text, tables and headway's progress. An explicit
+    ``HF_HUB_DISABLE_PROGRESS_BARS=0`` brings them back."""
+    for name in LIBRARY_BARS:
+        os.environ.setdefault(name, "1")  # read when the libraries are imported: after this, in a command
+    if os.environ[LIBRARY_BARS[0]] != "1":
+        return
+    if "huggingface_hub" in sys.modules:  # imported already (headway used as a library, tests)
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    if "datasets" in sys.modules and os.environ[LIBRARY_BARS[1]] == "1":
+        from datasets.utils import logging as ds_logging
+
+        ds_logging.disable_progress_bar()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

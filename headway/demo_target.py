@@ -12,7 +12,6 @@ the train files and evaluation prompts from the held-out files (``demo_prompts``
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -28,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -40,6 +39,7 @@ from .build_config import PRESETS, TargetBuildConfig  # noqa: F401
 from .config import ConfigError, check_choice
 from .data.progress import quiet_transformers
 from .errors import HeadwayError
+from .progress import Progress
 
 # Bump when the recipe changes in a way that changes the weights: old cache entries then miss.
 RECIPE_VERSION = 1
@@ -376,20 +376,6 @@ class TrainResult:
     stopped_by_time_cap: bool
 
 
-@contextlib.contextmanager
-def _progress(enabled: bool, total: int) -> Iterator[Any]:
-    if not enabled:
-        yield None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    # ETA from the mean step time so far: rich's own estimate swings wildly at ~1 update/s.
-    with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:,.0f} tok/s"),
-                  TextColumn("ETA {task.fields[eta]}")) as bar:
-        yield bar
-
-
 def _train(model: nn.Module, stream: torch.Tensor, cfg: TargetBuildConfig, progress: bool) -> TrainResult:
     """AdamW, warm-up + cosine, random windows of the train stream; deterministic for a seed."""
     model.train()
@@ -398,8 +384,7 @@ def _train(model: nn.Module, stream: torch.Tensor, cfg: TargetBuildConfig, progr
     gen = torch.Generator().manual_seed(cfg.seed)
     offsets = torch.arange(cfg.seq_len + 1)
     t0, ema, step, capped = time.perf_counter(), float("nan"), 0, False
-    with _progress(progress, cfg.steps) as bar:
-        task = bar.add_task("train", total=cfg.steps, loss=float("nan"), tps=0.0, eta="?") if bar else None
+    with Progress("target training", cfg.steps, unit="steps", enabled=progress, stream=sys.stdout) as bar:
         for step in range(1, cfg.steps + 1):
             starts = torch.randint(0, len(stream) - cfg.seq_len - 1, (cfg.batch_size,), generator=gen)
             x = stream[starts[:, None] + offsets]  # (B, T+1)
@@ -413,10 +398,7 @@ def _train(model: nn.Module, stream: torch.Tensor, cfg: TargetBuildConfig, progr
             sched.step()
             ema = loss.item() if math.isnan(ema) else 0.95 * ema + 0.05 * loss.item()
             elapsed = time.perf_counter() - t0
-            if bar:
-                eta = elapsed / step * (cfg.steps - step)
-                bar.update(task, completed=step, loss=ema, tps=step * x[:, 1:].numel() / elapsed,
-                           eta=f"{int(eta // 60)}:{int(eta % 60):02d}")
+            bar.advance(1, tokens=x[:, 1:].numel(), info=f"loss {ema:.3f}")
             if elapsed > cfg.max_minutes * 60 and step < cfg.steps:
                 capped = True
                 break

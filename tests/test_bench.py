@@ -144,13 +144,17 @@ def test_plot_is_written(report, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
 
 
-def test_cli_end_to_end(folders, tmp_path):
+def test_cli_end_to_end(folders, tmp_path, capsys):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     rc = main(["bench", "--target", str(folders / "target"), "--heads", str(folders / "medusa"),
                "--prompts", str(folders / "prompts.jsonl"), "--assistant", str(folders / "assistant"),
-               "--max-new-tokens", "8", "--repeats", "1", "--tree", "chain-2", "mc_sim_7b_63", "--no-progress",
+               "--max-new-tokens", "8", "--repeats", "1", "--tree", "chain-2", "mc_sim_7b_63",
                "--json", str(out), "--plot", str(png)])
     assert rc == 0
+    # stderr is captured, not a terminal: plain progress lines with the rate and an ETA, to the last run
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("bench: ")]
+    done, total = lines[-1].split()[1].split("/")
+    assert len(lines) >= 2 and done == total and all("runs/s" in x and "ETA" in x for x in lines)
     rep = json.loads(out.read_text())
     assert rep["schema"] == SCHEMA
     assert [m["tree"] for m in rep["methods"] if m["kind"] == "medusa"] == ["chain-2", "mc_sim_7b_63[:3]"]

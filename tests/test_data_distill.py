@@ -189,11 +189,16 @@ def test_cli_reports_errors_on_one_line(llama_dir, tmp_path, capsys):
     assert rc == 2 and err.startswith("headway distill: error:") and "--chat-template" in err and "\n" not in err
 
 
-def test_cli_and_config_file(llama_dir, tmp_path):
+def test_cli_and_config_file(llama_dir, tmp_path, capsys):
     src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS[:3]])
-    (tmp_path / "d.yaml").write_text(f"source: {src}\ntarget: {llama_dir}\nmax_new_tokens: 5\nshard_size: 2\n")
+    (tmp_path / "d.yaml").write_text(f"source: {src}\ntarget: {llama_dir}\nmax_new_tokens: 5\nshard_size: 2\n"
+                                     "batch_size: 1\n")
     assert main(["distill", "--config", str(tmp_path / "d.yaml"), f"output={tmp_path / 'out'}"]) == 0
     assert len(load_distilled(tmp_path / "out")) == 3
+    # stderr is captured, not a terminal: a plain line per prompt (3 < 20), with rates and an ETA
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("distill: ")]
+    assert [x.split()[1] for x in lines] == ["1/3", "2/3", "3/3"]
+    assert all("prompts/s" in x and "tok/s" in x and "ETA" in x for x in lines)
 
 
 def test_a_foreign_output_folder_is_not_overwritten(llama_dir, tmp_path):

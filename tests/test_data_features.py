@@ -58,8 +58,13 @@ def test_offline_features_equal_online_features(distilled, llama_dir, tmp_path):
         torch.testing.assert_close(store[i]["hidden_states.1"], full[1][0], rtol=1e-5, atol=1e-5)
 
 
-def test_manifest_and_bytes_per_token(distilled, tmp_path):
+def test_manifest_and_bytes_per_token(distilled, tmp_path, capsys):
+    capsys.readouterr()
     out = features(fcfg(distilled, tmp_path / "f", store_dtype="bfloat16", layers=["0", "2"]))
+    # stderr is captured, not a terminal: a plain line per batch of 3 rows (7 < 20), with rates and an ETA
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("features: ")]
+    assert [x.split()[1] for x in lines] == ["3/7", "6/7", "7/7"]
+    assert all("rows/s" in x and "tok/s" in x and "ETA" in x for x in lines)
     m = json.loads((out / "features.json").read_text())
     assert m["layers"] == ["0", "2"] and m["keys"] == ["hidden_states.0", "hidden_states.2"]
     assert m["dtype"] == "bfloat16" and m["feature_bytes_per_token"] == 2 * 64 * 2

@@ -56,3 +56,24 @@ def test_heads_for_another_target_are_refused(tmp_path):
 def test_missing_target_path_is_a_clear_error():
     with pytest.raises(TargetError, match="does not exist"):
         load_target("/definitely/not/here")
+
+
+@pytest.mark.parametrize("bars", ["", "0"])
+def test_generate_stdout_holds_only_the_text(llama_dir, heads_dir, tmp_path, bars):
+    """A fresh process, as a user runs it: no "Loading weights" bar on either stream, unless the
+    user asks for the libraries' bars back with HF_HUB_DISABLE_PROGRESS_BARS=0."""
+    from train_utils import run_cli
+
+    model, tok = load_target(str(llama_dir))
+    prompt = "import os"
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)[0, ids.shape[1]:]
+    env = {"HF_HUB_DISABLE_PROGRESS_BARS": bars} if bars else {}
+    r = run_cli(["generate", "--target", str(llama_dir), "--heads", str(heads_dir), "--prompt", prompt,
+                 "--max-new-tokens", "6"], tmp_path, extra_env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.rstrip("\n") == tok.decode(ref)
+    if bars:  # the bar this test guards against does exist
+        assert "Loading weights" in r.stderr
+    else:
+        assert "Loading weights" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -24,7 +24,7 @@ def test_shape_spec_round_trip():
     assert shape_spec(parse_shape("dynamic-4-5-16")) == "dynamic-4-5-16"
 
 
-def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir):
+def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, capsys):
     from headway.target import load_target
 
     model, tok = load_target(str(llama_dir))
@@ -38,6 +38,9 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir):
                          max_new_tokens=12, probe_depth=3, probe_rank=3, sizes=[2, 4], finalists=1, repeats=1,
                          temperatures=[0.0, 1.0], json_out=str(tmp_path / "tune.json"))
         report = tune(cfg, log=lambda m: None)
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("tune: ")]  # not a terminal
+        runs = 2 * 3 * len(report["mean_tokens_per_s"])  # temperatures x prompts x trees
+        assert lines and lines[-1].split()[1] == f"{runs}/{runs}" and all("runs/s" in x and "ETA" in x for x in lines)
         runs = report["side_by_side"]
         assert set(runs) == {"0.0", "1.0"} or set(runs) == {0.0, 1.0} or len(runs) == 2
         means = {n: sum(r[n]["tokens_per_s"] for r in runs.values()) / len(runs) for n in next(iter(runs.values()))}

@@ -206,6 +206,9 @@ def test_cli_builds_and_prints_the_perplexity(tmp_path, capsys):
             "--repetition_prompts", "1", "--cache_dir", str(tmp_path)]
     assert main(args) == 0
     out = capsys.readouterr().out
+    lines = [x for x in out.splitlines() if x.startswith("target training: ")]  # stdout captured: plain lines
+    assert [x.split()[2] for x in lines] == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert all("steps/s" in x and "tok/s" in x and "ETA" in x and "loss" in x for x in lines)
     folder = next((tmp_path / "targets").iterdir())
     meta = read_metadata(folder)
     assert "perplexity" in out and f"{meta['heldout_perplexity']:.1f}" in out and str(folder) in out

@@ -65,6 +65,14 @@ def test_cli_with_wandb_offline(workdir, tmp_path):
     assert "done:" in r.stdout
 
 
+def test_cli_wandb_respects_wandb_dir(workdir, tmp_path):
+    out, mine = tmp_path / "wb", tmp_path / "mine"
+    r = run_cli(["train", "--config", str(workdir / "c.yaml"), f"output_dir={out}", "report_to=wandb", "max_steps=2",
+                 "save_every=0"], workdir, extra_env={"WANDB_DIR": str(mine)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert list((mine / "wandb").glob("offline-run-*")) and not (out / "wandb").exists()
+
+
 def test_cli_errors_are_one_line(workdir, capsys):
     assert main(["train", "--config", str(workdir / "c.yaml"), "data=/nonexistent/data"]) == 2
     err = capsys.readouterr().err

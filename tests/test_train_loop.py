@@ -190,3 +190,45 @@ def test_medusa2_trains_an_adapter_the_decoder_can_load(setup, tmp_path):
 def test_runs_with_different_precision_share_a_process(setup, tmp_path):
     for i, mp in enumerate(["bf16", "no"]):  # accelerate's state singleton would refuse the second
         assert train(config(setup, tmp_path / mp, max_steps=1, eval_fraction=0.0, mixed_precision=mp)).is_dir()
+
+
+def test_progress_to_a_file_prints_a_line_every_log_step_with_rate_and_eta(setup, tmp_path, capsys):
+    train(config(setup, tmp_path / "run", max_steps=6, log_every=2, progress=True, eval_fraction=0.0))
+    out = capsys.readouterr().out  # captured: not a terminal
+    lines = [x for x in out.splitlines() if x.startswith("train: ")]
+    assert [x.split()[1] for x in lines] == ["2/6", "4/6", "6/6"], out
+    for x in lines:
+        assert "steps/s" in x and "tok/s" in x and "ETA" in x and "loss" in x
+
+
+def test_accumulated_micro_batches_equal_one_big_batch(tmp_path):
+    """accelerate's ``accumulate``: 2 micro-batches of 2 rows train exactly as 1 batch of 4 (equal
+    row lengths, so the mean of micro-batch means is the batch mean)."""
+    root = tmp_path / "u"
+    target = save_tiny_target(root / "target")
+    data = save_rows(root / "data", distilled_rows(24, 384, seed=3, uniform=True, max_len=16))
+    setup = (root, target, data)
+    kw = {"max_steps": 4, "eval_fraction": 0.0, "optim.max_grad_norm": 0.5}
+    big = train(config(setup, tmp_path / "big", batch_size=4, **kw))
+    acc = train(config(setup, tmp_path / "acc", batch_size=2, grad_accum=2, **kw))
+    torch.testing.assert_close(torch.tensor([x for _, x in losses(acc.parent)]),
+                               torch.tensor([x for _, x in losses(big.parent)]), rtol=1e-5, atol=1e-6)
+    norms = [[r["grad_norm"] for r in map(json.loads, (f.parent / "log.jsonl").read_text().splitlines()) if "loss" in r]
+             for f in (big, acc)]
+    torch.testing.assert_close(torch.tensor(norms[1]), torch.tensor(norms[0]), rtol=1e-5, atol=1e-6)  # the same sum
+    hb, ha = load_heads(big), load_heads(acc)
+    for k, v in hb.state_dict().items():
+        torch.testing.assert_close(ha.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("user_dir", [True, False])
+def test_wandb_goes_to_wandb_dir_when_set_else_the_run_folder(setup, tmp_path, monkeypatch, user_dir):
+    from headway.train.loop import wandb_kwargs
+
+    cfg = config(setup, tmp_path / "run")
+    if user_dir:
+        monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))
+        assert "dir" not in wandb_kwargs(cfg, tmp_path / "run")  # wandb reads WANDB_DIR itself
+    else:
+        monkeypatch.delenv("WANDB_DIR", raising=False)
+        assert wandb_kwargs(cfg, tmp_path / "run")["dir"] == str(tmp_path / "run")

@@ -139,3 +139,25 @@ def test_resblocks_are_distinct_instances(tiny_llama):
     # zero-initialised ResBlocks; own lm_heads start as copies of the target's
     assert all((lin.weight == 0).all() for b in heads.blocks for lin in b.layers)
     assert torch.equal(heads.lm_heads[1].weight, target.get_output_embeddings().weight)
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_lr_schedule_against_transformers_cosine_with_min_lr(warmup):
+    """Why headway keeps its own schedule (loop.lr_factor): after the warm-up its cosine is
+    transformers' "cosine_with_min_lr" step for step; in the warm-up transformers starts at lr 0
+    (its first optimiser step trains nothing), headway at 1/warmup."""
+    from transformers import get_scheduler
+
+    total, o = 12, OptimConfig(lr=1.0, warmup_steps=warmup, schedule="cosine", min_lr_ratio=0.1)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = get_scheduler("cosine_with_min_lr", opt, num_warmup_steps=warmup, num_training_steps=total,
+                          scheduler_specific_kwargs={"min_lr_rate": 0.1})
+    theirs = []
+    for _ in range(total):
+        theirs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    ours = [lr_factor(s, total, o) for s in range(total)]
+    assert ours[warmup:] == pytest.approx(theirs[warmup:], abs=1e-12)
+    assert ours[:warmup] == pytest.approx([(s + 1) / warmup for s in range(warmup)])
+    assert theirs[:warmup] == pytest.approx([s / warmup for s in range(warmup)])  # lr 0 at step 0

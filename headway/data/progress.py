@@ -1,47 +1,25 @@
-"""A rich progress bar showing rows, tokens/s and ETA (only on the main process)."""
+"""Progress of the data commands (``headway.progress``), and hiding the libraries' own bars."""
 
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any, Iterator
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+
+from ..progress import Progress
 
 
 def console() -> Console:
     return Console(stderr=True)
 
 
-class TokenProgress:
-    """``with TokenProgress("distill", total_rows) as p: p.advance(rows, tokens)``."""
+class TokenProgress(Progress):
+    """``with TokenProgress("distill", total_rows) as p: p.advance(rows, tokens)``: a bar on a
+    terminal, plain lines with rows/s, tokens/s and ETA in a log file."""
 
     def __init__(self, description: str, total: int, enabled: bool = True, unit: str = "rows") -> None:
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn(unit), TextColumn("{task.fields[tok_s]:>8.0f} tok/s"),
-                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                                 console=console(), disable=not enabled)
-        self.task = self.progress.add_task(description, total=total, tok_s=0.0)
-        self.tokens = 0
-        self.start = time.perf_counter()
-
-    def advance(self, rows: int, tokens: int) -> None:
-        self.tokens += tokens
-        self.progress.update(self.task, advance=rows, tok_s=self.tokens_per_s)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / max(time.perf_counter() - self.start, 1e-9)
-
-    def __enter__(self) -> "TokenProgress":
-        self.progress.start()
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.stop()
+        super().__init__(description, total, unit=unit, enabled=enabled)
 
 
 class quiet_datasets:

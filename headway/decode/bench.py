@@ -221,24 +221,18 @@ def run_seed(seed: int, repeat: int, prompt: int) -> int:
 
 
 class _Progress:
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    """The bench's progress over generations: a bar on a terminal, plain lines with rate and ETA in a log."""
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task("bench", total=total)
+    def __init__(self, enabled: bool, total: int) -> None:
+        from ..progress import Progress
+
+        self.bar = Progress("bench", total, unit="runs", enabled=enabled).__enter__()
 
     def step(self, description: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, advance=1, description=description)
+        self.bar.advance(1, info=description)
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        self.bar.__exit__(None, None, None)
 
 
 def measure(methods: Sequence[Method], prompts: Sequence[list[int]], cfg: BenchConfig, room: int

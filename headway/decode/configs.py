@@ -91,7 +91,7 @@ class BenchConfig:
     threads: int | None = opt(None, "torch CPU threads (1 is often fastest for small models on a busy machine)")
     json: str | None = opt(None, "write the report here (schema headway.bench/1)")
     plot: str | None = opt(None, "write a PNG here: speedup by method, acceptance by depth")
-    progress: bool = opt(True, "show a progress bar on stderr")
+    progress: bool = opt(True, "progress on stderr: a bar on a terminal, else a plain line with rate and ETA")
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "prompt_tokens", "max_new_tokens", "repeats", "assistant_layers",

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..progress import Progress
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
 from .sampling import SamplingParams
 from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
@@ -137,7 +138,7 @@ def interpolate(curve: dict[int, float], n: int) -> float:
 
 @torch.inference_mode()
 def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: list[Any], max_new: int,
-                     temperature: float, repeats: int) -> dict[str, dict[str, float]]:
+                     temperature: float, repeats: int, progress: Progress | None = None) -> dict[str, dict[str, float]]:
     """Interleaved real generation: per candidate total tokens / total time (median over repeats) and tau."""
     names = list(shapes)
     tps: dict[str, list[float]] = {n: [] for n in names}
@@ -157,6 +158,8 @@ def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: li
                     tokens[n] += out.stats.new_tokens
                     secs[n] += out.stats.time_total
                     tau[n].append(out.stats.tau)
+                    if progress is not None:
+                        progress.advance(1, tokens=out.stats.new_tokens, info=f"T={temperature:g} {n}")
             for n in names:
                 tps[n].append(tokens[n] / secs[n])
     finally:
@@ -237,8 +240,10 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     shapes.update(chains(spec, len(acc)))
     say(f"running {len(shapes)} trees side by side: {', '.join(shapes)}")
     results = {}
-    for t in cfg.temperatures:
-        results[t] = run_side_by_side(spec, shapes, prompts, cfg.max_new_tokens, t, cfg.repeats)
+    runs = len(cfg.temperatures) * cfg.repeats * len(prompts) * len(shapes)
+    with Progress("tune", runs, unit="runs") as progress:
+        for t in cfg.temperatures:
+            results[t] = run_side_by_side(spec, shapes, prompts, cfg.max_new_tokens, t, cfg.repeats, progress)
     score = {n: statistics.mean(results[t][n]["tokens_per_s"] for t in cfg.temperatures) for n in shapes}
     winner = max(score, key=score.get)  # among measured candidates that include every chain
     best_chain = max((n for n in shapes if n.startswith("chain-")), key=score.get)

@@ -97,6 +97,8 @@ class HeadsBase(nn.Module):
                 "target": dataclasses.asdict(self.target_info) if self.target_info else None,
                 "metadata": self.metadata}
 
+    # Own save/load, not PyTorchModelHubMixin: the mixin writes in place (no temp + rename), has no NaN refusal,
+    # and saves init kwargs, where headway's config.json carries target info, metadata and the draft vocab.
     def save_pretrained(self, path: str | Path, card: bool = True) -> Path:
         """Write the checkpoint atomically: a temp folder beside ``path``, then rename."""
         path = Path(path)

@@ -97,6 +97,8 @@ def card_license(cfg: dict[str, Any], license: str | None = None) -> str:
     return license or target_view((cfg.get("target") or {}).get("name_or_path")).license or OTHER_LICENSE
 
 
+# Equal to huggingface_hub's ModelCardData(library_name=, license=, tags=, base_model=).to_dict(); a plain dict
+# keeps this module free of the Hub client (switching is left to this file's owner, with the export rework).
 def front_matter(cfg: dict[str, Any], license: str | None = None) -> dict[str, Any]:
     view = target_view((cfg.get("target") or {}).get("name_or_path"))
     front: dict[str, Any] = {"library_name": "headway", "license": card_license(cfg, license),

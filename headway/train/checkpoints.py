@@ -60,6 +60,9 @@ def read_state(folder: Path) -> dict[str, Any]:
     return json.loads((folder / STATE).read_text())
 
 
+# Own naming and rotation, not ProjectConfiguration(automatic_checkpoint_naming, total_limit): that names
+# folders by save count (checkpoint_<i>), not step, writes in place, and deletes the oldest before the new one is
+# complete; here a checkpoint is named by its step, published by rename, and pruning only follows a finished one.
 def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """``accelerator.save_state`` into ``checkpoint-{step}.tmp``, then the state file, then a rename.
     Every process must call this (each saves its RNG state)."""

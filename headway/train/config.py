@@ -175,7 +175,7 @@ class TrainConfig:
     eval_every: int = opt(0, "evaluate on held-out data every N optimiser steps (0 = only at the end)")
     eval_max_batches: int | None = opt(None, "cap on evaluation batches per evaluation")
     num_workers: int = opt(0, "dataloader worker processes")
-    progress: bool = opt(True, "rich progress bar on the main process")
+    progress: bool = opt(True, "progress on the main process: a bar on a terminal, else a line every log_every steps")
     optim: OptimConfig = field(default_factory=OptimConfig)
     medusa: MedusaOptions = field(default_factory=MedusaOptions)
     lora: LoraOptions = field(default_factory=LoraOptions)

@@ -16,8 +16,10 @@ import contextlib
 import functools
 import json
 import math
+import os
+import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -28,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import to_dict
 from ..errors import HeadwayError
+from ..progress import Progress
 from .batch import (TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch, stored_keys,
                     target_batch)
 from .calibration import calibration_metadata
@@ -359,7 +362,12 @@ def target_lm_stats(logits: Tensor, ref_logits: Tensor, input_ids: Tensor, loss_
 
 # -- optimiser and schedule ------------------------------------------------------------------
 def lr_factor(step: int, total: int, o: OptimConfig) -> float:
-    """Multiplier on the peak lr at optimiser step ``step`` (0-based): linear warm-up, then decay."""
+    """Multiplier on the peak lr at optimiser step ``step`` (0-based): linear warm-up, then decay.
+
+    Kept instead of ``transformers.get_scheduler``: its warm-up starts at lr 0 (step 0 trains
+    nothing), "linear" has no floor (min_lr_ratio), "cosine_warmup_with_min_lr" decays one step
+    ahead, and one schedule serves all param groups (Medusa-2's LoRA starts at ``start_step``).
+    After the warm-up, cosine equals its "cosine_with_min_lr" (tests/test_train_losses.py)."""
     if step < o.warmup_steps:
         return (step + 1) / o.warmup_steps
     if o.schedule == "constant":
@@ -393,7 +401,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, total: int, o: OptimConfig)
 def make_accelerator(cfg: TrainConfig) -> Any:
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.state import AcceleratorState
-    from accelerate.utils import ProjectConfiguration
+    from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration
 
     mp = cfg.mixed_precision
     if mp == "auto":
@@ -402,7 +410,11 @@ def make_accelerator(cfg: TrainConfig) -> Any:
     # AcceleratorState is a per-process singleton that refuses a second mixed_precision; reset it
     # (not the distributed PartialState) so several runs can share one process (tests, notebooks).
     AcceleratorState._reset_state()
+    # sync_with_dataloader off: a step is always grad_accum micro-batches (the loader is longer
+    # than the run, and a resumed run skips whole steps), counted by accelerate, never cut short
+    accumulation = GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False)
     return Accelerator(mixed_precision=mp, log_with=log_with, step_scheduler_with_optimizer=False,
+                       gradient_accumulation_plugin=accumulation,
                        project_config=ProjectConfiguration(project_dir=cfg.output_dir,
                                                            logging_dir=str(Path(cfg.output_dir) / "logs")),
                        dataloader_config=DataLoaderConfiguration(even_batches=True))
@@ -574,13 +586,6 @@ def eval_scalars(ev: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def progress_bar(enabled: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    return Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                    TextColumn("{task.fields[info]}"), disable=not enabled)
-
-
 # -- non-finite guards ----------------------------------------------------------------------
 def step_is_finite(accelerator: Any, loss: Tensor, grad_norm: Tensor | None) -> bool:
     """One sync per step: the step's summed loss and its gradient norm are finite (on every process).
@@ -659,21 +664,76 @@ def with_features_data(cfg: TrainConfig) -> TrainConfig:
 def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = None) -> Path:
     """``train`` on a target already loaded (frozen; moved to the accelerator's device, never wrapped)."""
     with contextlib.ExitStack() as hold:  # hold: output_dir's lock, until training ends or fails
-        return _fit(cfg, target, tokenizer, accelerator, hold)
+        run = setup(cfg, target, tokenizer, accelerator, hold)
+        run_steps(run)
+        return finish(run)
 
 
-def _fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any, hold: contextlib.ExitStack) -> Path:
+@dataclass
+class TrainRun:
+    """What ``setup`` builds and the loop runs (torchtune's recipe split: setup, then train)."""
+
+    cfg: TrainConfig
+    accelerator: Any
+    task: Task
+    module: nn.Module  # as prepared (DDP-wrapped under several processes)
+    inner: TrainModule  # the same module unwrapped
+    optimizer: Any
+    scheduler: Any
+    batches: Any  # the prepared training loader, past the batches of resumed steps
+    ev_loader: DataLoader | None
+    log: RunLog
+    tokenizer: Any
+    train_rows: int
+    steps: int  # the run's total optimiser steps (the schedule's length)
+    stop: int  # where this invocation stops (stop_after)
+    global_batch: int
+    step: int = 0
+    tokens_seen: int = 0
+    train_time: float = 0.0
+    last_eval: dict[str, Any] | None = None
+    last_loss: float | None = None
+    pending_tokens: Tensor | None = None  # tokens of the steps since the last log line (on the device)
+
+    @property
+    def out(self) -> Path:
+        return Path(self.cfg.output_dir)
+
+    @property
+    def world(self) -> int:
+        return self.accelerator.num_processes
+
+    def state(self) -> dict[str, Any]:
+        """The resumable counters of a checkpoint. Every process calls this (a collective): the
+        tokens not logged yet are counted too, or a resume from a save between two log steps
+        would restart the count without them."""
+        pending = 0 if self.pending_tokens is None else int(self.accelerator.reduce(self.pending_tokens,
+                                                                                     reduction="sum"))
+        return {"tokens": self.tokens_seen + pending, "train_time_s": self.train_time, "total_steps": self.steps,
+                "world_size": self.world, "global_batch": self.global_batch, "run": run_fingerprint(self.cfg)}
+
+
+def import_task(kind: str) -> None:
+    """The EAGLE tasks register themselves in TASKS on import."""
+    if kind in TASKS:
+        return
+    import importlib
+
+    try:
+        importlib.import_module(".eagle", __package__)
+    except ModuleNotFoundError:
+        raise TrainError(f"kind '{kind}' needs headway.train.eagle, which this install lacks") from None
+
+
+def setup(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any, hold: contextlib.ExitStack
+          ) -> TrainRun:
+    """Build everything a run needs: heads, data, optimiser, schedule, accelerate, the claimed
+    run folder, the resumed state and the log. Every refusal comes before anything is written."""
     from accelerate.utils import set_seed
 
-    if cfg.kind not in TASKS:  # the EAGLE tasks register themselves in TASKS on import
-        import importlib
-
-        try:
-            importlib.import_module(".eagle", __package__)
-        except ModuleNotFoundError:
-            raise TrainError(f"kind '{cfg.kind}' needs headway.train.eagle, which this install lacks") from None
+    import_task(cfg.kind)
     accelerator = accelerator or make_accelerator(cfg)
-    out = Path(cfg.output_dir)
+    check_accumulation(accelerator, cfg)
     set_seed(cfg.seed)
     check_data_paths(cfg)
     cfg = with_features_data(cfg)
@@ -698,159 +758,226 @@ def _fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any, 
     world = accelerator.num_processes
     steps = total_steps(cfg, len(train_rows), world)
     global_batch = cfg.batch_size * world * cfg.grad_accum
-    epochs = max(1, math.ceil((steps * global_batch + cfg.batch_size * world) / len(train_rows)))
-    loader = DataLoader(EpochView(train_rows, cfg.seed, epochs), batch_size=cfg.batch_size, shuffle=False,
-                        collate_fn=collate_fn(train_rows, pad_id, cfg.max_length), num_workers=cfg.num_workers,
-                        pin_memory=bool(cfg.features) and accelerator.device.type == "cuda")  # stored states: copy fast
+    loader = train_loader(train_rows, cfg, steps, global_batch, pad_id, accelerator)
     optimizer = make_optimizer(task.param_groups(heads, model), cfg.optim)
     scheduler = make_scheduler(optimizer, steps, cfg.optim)
     module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
     if adapted:
         accelerator.register_save_state_pre_hook(trainable_only_hook)
-    inner: TrainModule = accelerator.unwrap_model(module)
     ev_loader = eval_loader(eval_rows, cfg, accelerator, pad_id) if eval_rows is not None else None
 
     if accelerator.is_main_process:  # every refusal above wrote nothing; from here on the folder is ours
         claim_run_folder(cfg, hold)
     accelerator.wait_for_everyone()
+    run = TrainRun(cfg, accelerator, task, module, accelerator.unwrap_model(module), optimizer, scheduler, loader,
+                   ev_loader, RunLog(accelerator, Path(cfg.output_dir) / "log.jsonl", main_console(accelerator)),
+                   tokenizer, len(train_rows), steps, steps, global_batch)
+    resume = resume_run(run, adapted)
+    start_log(run, resume, len(eval_rows) if eval_rows is not None else 0)
+    return run
 
-    # resume
-    step, tokens_seen, train_time = 0, 0, 0.0
-    resume = resolve_resume(cfg.resume_from, out)
+
+def check_accumulation(accelerator: Any, cfg: TrainConfig) -> None:
+    """An accelerator made elsewhere must accumulate as configured: ``accumulate`` decides when to
+    sync and ``backward`` divides the loss by its count."""
+    if accelerator.gradient_accumulation_steps != cfg.grad_accum:
+        raise TrainError(f"the accelerator accumulates {accelerator.gradient_accumulation_steps} micro-batches but "
+                         f"grad_accum={cfg.grad_accum}; make it with make_accelerator(cfg)")
+
+
+def train_loader(rows: Any, cfg: TrainConfig, steps: int, global_batch: int, pad_id: int, accelerator: Any
+                 ) -> DataLoader:
+    """Enough seeded epochs for every step (plus one batch per process), in a fixed order."""
+    world = accelerator.num_processes
+    epochs = max(1, math.ceil((steps * global_batch + cfg.batch_size * world) / len(rows)))
+    return DataLoader(EpochView(rows, cfg.seed, epochs), batch_size=cfg.batch_size, shuffle=False,
+                      collate_fn=collate_fn(rows, pad_id, cfg.max_length), num_workers=cfg.num_workers,
+                      pin_memory=bool(cfg.features) and accelerator.device.type == "cuda")  # stored states: copy fast
+
+
+def resume_run(run: TrainRun, adapted: bool) -> Path | None:
+    """Load the checkpoint ``resume_from`` names (if any), record the run in its folder, and skip
+    the batches already trained on. Returns the checkpoint resumed from."""
+    cfg, acc = run.cfg, run.accelerator
+    resume = resolve_resume(cfg.resume_from, run.out)
     if resume is not None:
         state = read_state(resume)
-        check_resumable(state, cfg, global_batch, resume)
-        accelerator.load_state(str(resume), **({"strict": False} if adapted else {}))
-        step, tokens_seen, train_time = state["step"], state["tokens"], state["train_time_s"]
-    if accelerator.is_main_process:  # the folder now belongs to this run
-        write_run(out, run_fingerprint(cfg))
-    stop = min(steps, cfg.stop_after) if cfg.stop_after is not None else steps
-    batches = accelerator.skip_first_batches(loader, step * cfg.grad_accum) if step else loader
+        check_resumable(state, cfg, run.global_batch, resume)
+        acc.load_state(str(resume), **({"strict": False} if adapted else {}))
+        run.step, run.tokens_seen, run.train_time = state["step"], state["tokens"], state["train_time_s"]
+    if acc.is_main_process:  # the folder now belongs to this run
+        write_run(run.out, run_fingerprint(cfg))
+    run.stop = min(run.steps, cfg.stop_after) if cfg.stop_after is not None else run.steps
+    if run.step:
+        run.batches = acc.skip_first_batches(run.batches, run.step * cfg.grad_accum)
+    return resume
 
+
+def main_console(accelerator: Any) -> Any:
     from rich.console import Console
 
-    console = Console() if accelerator.is_main_process else None
-    log = RunLog(accelerator, out / "log.jsonl", console)
-    log.truncate_after(step)
+    return Console() if accelerator.is_main_process else None
+
+
+def start_log(run: TrainRun, resume: Path | None, eval_rows: int) -> None:
+    """Trackers, and the run's first log record and line."""
+    cfg, step = run.cfg, run.step
+    run.log.truncate_after(step)
     if cfg.report_to != "none":
-        accelerator.init_trackers(cfg.project, config=tracker_config(cfg),
-                                  init_kwargs={"wandb": {"dir": str(out), "name": run_name(cfg)}})
-    log.write({"event": "start", "step": step, "world_size": world, "total_steps": steps, "global_batch": global_batch,
-               "resumed_from": str(resume) if resume else None, "kind": cfg.kind, "train_rows": len(train_rows),
-               "eval_rows": len(eval_rows) if eval_rows is not None else 0, "features": cfg.features},
-              text=f"training {cfg.kind} heads: {steps} steps, global batch {global_batch} on {world} process(es)"
-                   + (f", from stored features {cfg.features}" if cfg.features else "")
-                   + (f", resuming at step {step}" if step else ""))
+        run.accelerator.init_trackers(cfg.project, config=tracker_config(cfg),
+                                      init_kwargs={"wandb": wandb_kwargs(cfg, run.out)})
+    run.log.write({"event": "start", "step": step, "world_size": run.world, "total_steps": run.steps,
+                   "global_batch": run.global_batch, "resumed_from": str(resume) if resume else None, "kind": cfg.kind,
+                   "train_rows": run.train_rows, "eval_rows": eval_rows, "features": cfg.features},
+                  text=f"training {cfg.kind} heads: {run.steps} steps, global batch {run.global_batch} on {run.world} "
+                       "process(es)" + (f", from stored features {cfg.features}" if cfg.features else "")
+                       + (f", resuming at step {step}" if step else ""))
 
-    def state() -> dict[str, Any]:
-        # + the tokens of the window not logged yet: a resume from a save between two log steps
-        # would otherwise restart the count without them (every process calls this: a collective)
-        pending = int(accelerator.reduce(window_tokens, reduction="sum"))
-        return {"tokens": tokens_seen + pending, "train_time_s": train_time, "total_steps": steps,
-                "world_size": world, "global_batch": global_batch, "run": run_fingerprint(cfg)}
 
-    def stop_non_finite(at: int, message: str) -> None:
-        log.write({"event": "non_finite", "step": at, "error": message})
-        raise NonFiniteError(message)
+def wandb_kwargs(cfg: TrainConfig, out: Path) -> dict[str, Any]:
+    """wandb writes under the run folder, unless the user chose a place with ``WANDB_DIR``."""
+    kwargs: dict[str, Any] = {"name": run_name(cfg)}
+    if not os.environ.get("WANDB_DIR"):
+        kwargs["dir"] = str(out)
+    return kwargs
 
+
+def run_steps(run: TrainRun) -> None:
+    """The training loop: ``grad_accum`` micro-batches per optimiser step, a log line every
+    ``log_every`` steps, eval every ``eval_every``, a checkpoint every ``save_every`` and at the stop."""
+    cfg, acc, module = run.cfg, run.accelerator, run.module
     params = [p for p in module.parameters() if p.requires_grad]
-    it = iter(batches)
+    it = iter(run.batches)
     sums: dict[str, Tensor] = {}
-    def zero() -> Tensor:  # token counts stay on the device: no sync until the log interval
-        return torch.zeros((), dtype=torch.long, device=accelerator.device)
 
-    window_tokens, window_steps, window_start = zero(), 0, time.perf_counter()
-    last_eval: dict[str, Any] | None = None
-    last_loss: float | None = None
-    with progress_bar(cfg.progress and accelerator.is_main_process) as bar:
-        bar_task = bar.add_task("train", total=steps, completed=step, info="")
-        while step < stop:
+    def zero() -> Tensor:  # token counts stay on the device: no sync until the log interval
+        return torch.zeros((), dtype=torch.long, device=acc.device)
+
+    run.pending_tokens, window_steps, window_start = zero(), 0, time.perf_counter()
+    with Progress("train", run.steps, unit="steps", enabled=cfg.progress and acc.is_main_process,
+                  every=cfg.log_every, stream=sys.stdout, completed=run.step) as progress:
+        while run.step < run.stop:
             t0 = time.perf_counter()
             step_batches, step_losses = [], []
-            for micro in range(cfg.grad_accum):
+            for _ in range(cfg.grad_accum):
                 batch = next(it)
-                sync = contextlib.nullcontext() if micro == cfg.grad_accum - 1 else accelerator.no_sync(module)
-                with sync:
-                    loss, metrics = module(batch, step)
-                    accelerator.backward(loss / cfg.grad_accum)
+                # accumulate: no gradient sync until the last micro-batch (the plugin counts them,
+                # see make_accelerator); backward divides the loss by grad_accum
+                with acc.accumulate(module):
+                    loss, metrics = module(batch, run.step)
+                    acc.backward(loss)
                 for k, v in {"loss": loss.detach(), **metrics}.items():
                     sums[k] = sums.get(k, 0) + v.detach().float() / cfg.grad_accum
-                window_tokens += batch["attention_mask"].sum()
+                run.pending_tokens += batch["attention_mask"].sum()
                 step_batches.append(batch)
                 step_losses.append(loss.detach())
             # the norm is computed anyway (clipping, or clip at inf = no-op): it and the loss are
             # checked with the step's one sync, before a NaN can reach the weights
-            grad_norm = accelerator.clip_grad_norm_(params, cfg.optim.max_grad_norm or math.inf)
-            if not step_is_finite(accelerator, torch.stack(step_losses).float().sum(), grad_norm):
-                stop_non_finite(step + 1, non_finite_message(inner, cfg, step + 1, step_batches, step_losses,
-                                                             grad_norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
+            grad_norm = acc.clip_grad_norm_(params, cfg.optim.max_grad_norm or math.inf)
+            if not step_is_finite(acc, torch.stack(step_losses).float().sum(), grad_norm):
+                stop_non_finite(run, run.step + 1, non_finite_message(run.inner, cfg, run.step + 1, step_batches,
+                                                                      step_losses, grad_norm))
+            if grad_norm is not None:  # the norm before clipping, averaged over the log window
+                sums["grad_norm"] = sums.get("grad_norm", 0) + torch.as_tensor(grad_norm).detach().float()
+            run.optimizer.step()
+            run.scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+            run.step += 1
             window_steps += 1
-            train_time += time.perf_counter() - t0
+            run.train_time += time.perf_counter() - t0
 
-            if step % cfg.log_every == 0 or step == stop:
-                vals = reduce_mean(accelerator, {k: v / window_steps for k, v in sums.items()})
-                n_tok = int(accelerator.reduce(window_tokens, reduction="sum"))
-                tokens_seen += n_tok
-                tps = n_tok / max(1e-9, time.perf_counter() - window_start)
-                lr = scheduler.get_last_lr()[0]
-                last_loss = vals["loss"]
-                log.write({"step": step, **vals, "lr": lr, "tokens_per_s": tps, "tokens": tokens_seen},
-                          tracker={**{f"train/{k}": v for k, v in vals.items()}, "train/lr": lr,
-                                   "train/tokens_per_s": tps})
-                bar.update(bar_task, completed=step, info=f"loss {vals['loss']:.4f} lr {lr:.2e} {tps:,.0f} tok/s")
-                sums, window_tokens, window_steps = {}, zero(), 0
+            if run.step % cfg.log_every == 0 or run.step == run.stop:
+                log_window(run, sums, window_steps, window_start, progress)
+                sums, run.pending_tokens, window_steps = {}, zero(), 0
                 window_start = time.perf_counter()
-            if ev_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < steps:
-                last_eval = evaluate(inner, ev_loader, accelerator, cfg)
-                log.write({"step": step, "eval": last_eval}, tracker=eval_scalars(last_eval), text=eval_text(last_eval))
+            if run.ev_loader is not None and cfg.eval_every and run.step % cfg.eval_every == 0 \
+                    and run.step < run.steps:
+                log_eval(run)
                 window_start = time.perf_counter()
-            if (cfg.save_every and step % cfg.save_every == 0) or step == stop:
-                bad = non_finite_weight(inner)
-                if bad:
-                    stop_non_finite(step, f"training stopped at step {step}: the weight {bad} is NaN/inf after the "
-                                          "optimiser step; no checkpoint was saved. Lower optim.lr or set "
-                                          "optim.max_grad_norm")
-                save_checkpoint(accelerator, out, step, state(), cfg.keep_checkpoints)
+            if (cfg.save_every and run.step % cfg.save_every == 0) or run.step == run.stop:
+                save_step(run)
                 window_start = time.perf_counter()
 
-    if step < steps:  # stopped early on purpose (stop_after): resumable, no final heads
-        log.write({"event": "stopped", "step": step}, text=f"stopped after step {step}; resume with resume_from=latest")
-        accelerator.end_training()
-        return out / "checkpoints" / f"checkpoint-{step}"
 
-    if ev_loader is not None:
-        last_eval = evaluate(inner, ev_loader, accelerator, cfg)
-        log.write({"step": step, "eval": last_eval}, tracker=eval_scalars(last_eval), text=eval_text(last_eval))
-    final = out / "final"
-    bad = non_finite_weight(inner)
+def log_window(run: TrainRun, sums: dict[str, Tensor], window_steps: int, window_start: float,
+               progress: Progress) -> None:
+    """One sync: the window's mean metrics and tokens over processes, to the log, trackers and progress."""
+    acc = run.accelerator
+    vals = reduce_mean(acc, {k: v / window_steps for k, v in sums.items()})
+    n_tok = int(acc.reduce(run.pending_tokens, reduction="sum"))
+    run.tokens_seen += n_tok
+    tps = n_tok / max(1e-9, time.perf_counter() - window_start)
+    lr = run.scheduler.get_last_lr()[0]
+    run.last_loss = vals["loss"]
+    run.log.write({"step": run.step, **vals, "lr": lr, "tokens_per_s": tps, "tokens": run.tokens_seen},
+                  tracker={**{f"train/{k}": v for k, v in vals.items()}, "train/lr": lr, "train/tokens_per_s": tps})
+    progress.update(run.step, tokens=n_tok, info=f"loss {vals['loss']:.4f} lr {lr:.2e}")
+
+
+def log_eval(run: TrainRun) -> None:
+    run.last_eval = evaluate(run.inner, run.ev_loader, run.accelerator, run.cfg)
+    run.log.write({"step": run.step, "eval": run.last_eval}, tracker=eval_scalars(run.last_eval),
+                  text=eval_text(run.last_eval))
+
+
+def save_step(run: TrainRun) -> None:
+    """A resumable checkpoint of this step; never one holding a NaN/inf weight."""
+    bad = non_finite_weight(run.inner)
     if bad:
-        stop_non_finite(step, f"training stopped after step {step}: the weight {bad} is NaN/inf; the final heads "
-                              "were not saved. Lower optim.lr or set optim.max_grad_norm")
-    if accelerator.is_main_process:
-        inner.heads.metadata["training"] = {
-            "kind": cfg.kind, "target": cfg.target, "data": str(cfg.data), "features": cfg.features,
-            "train_rows": len(train_rows), "steps": steps, "global_batch": global_batch, "world_size": world,
-            "tokens": tokens_seen, "train_time_s": round(train_time, 2), "tokens_per_s": round(tokens_seen / max(train_time, 1e-9), 1),
-            "final_loss": last_loss, "optim": asdict(cfg.optim), "seed": cfg.seed,
-            "options": task_options(cfg)}
-        inner.heads.record_tokenizer(tokenizer)  # the decoder refuses a tokenizer whose ids mean other tokens
-        if last_eval is not None:
-            inner.heads.metadata["eval"] = last_eval
-            if "calibration" in last_eval:  # the decoder ranks tree nodes with these temperatures
-                inner.heads.metadata["calibration"] = calibration_metadata(last_eval["calibration"])
-        task.save(inner.heads, accelerator.unwrap_model(module).run_target(), final)
-        publish_dirs(final)  # the heads are written to a private temp folder, then renamed
-    accelerator.wait_for_everyone()
-    log.write({"event": "done", "step": step, "final": str(final), "train_time_s": train_time,
-               "tokens_per_s": tokens_seen / max(train_time, 1e-9)},
-              text=f"done: {tokens_seen} tokens in {train_time:.1f}s ({tokens_seen / max(train_time, 1e-9):,.0f} tok/s); "
-                   f"heads saved to {final}")
-    accelerator.end_training()
+        stop_non_finite(run, run.step, f"training stopped at step {run.step}: the weight {bad} is NaN/inf after the "
+                                       "optimiser step; no checkpoint was saved. Lower optim.lr or set "
+                                       "optim.max_grad_norm")
+    save_checkpoint(run.accelerator, run.out, run.step, run.state(), run.cfg.keep_checkpoints)
+
+
+def stop_non_finite(run: TrainRun, at: int, message: str) -> None:
+    run.log.write({"event": "non_finite", "step": at, "error": message})
+    raise NonFiniteError(message)
+
+
+def finish(run: TrainRun) -> Path:
+    """After the loop: the checkpoint of an early stop, or a last eval and the final heads."""
+    cfg, acc, step = run.cfg, run.accelerator, run.step
+    if step < run.steps:  # stopped early on purpose (stop_after): resumable, no final heads
+        run.log.write({"event": "stopped", "step": step}, text=f"stopped after step {step}; resume with "
+                                                               "resume_from=latest")
+        acc.end_training()
+        return run.out / "checkpoints" / f"checkpoint-{step}"
+    if run.ev_loader is not None:
+        log_eval(run)
+    final = run.out / "final"
+    bad = non_finite_weight(run.inner)
+    if bad:
+        stop_non_finite(run, step, f"training stopped after step {step}: the weight {bad} is NaN/inf; the final "
+                                   "heads were not saved. Lower optim.lr or set optim.max_grad_norm")
+    if acc.is_main_process:
+        save_final(run, final)
+    acc.wait_for_everyone()
+    tps = run.tokens_seen / max(run.train_time, 1e-9)
+    run.log.write({"event": "done", "step": step, "final": str(final), "train_time_s": run.train_time,
+                   "tokens_per_s": tps},
+                  text=f"done: {run.tokens_seen} tokens in {run.train_time:.1f}s ({tps:,.0f} tok/s); "
+                       f"heads saved to {final}")
+    acc.end_training()
     return final
+
+
+def save_final(run: TrainRun, final: Path) -> None:
+    """Main process: the heads with their training record, tokenizer, eval and calibration."""
+    cfg, heads = run.cfg, run.inner.heads
+    heads.metadata["training"] = {
+        "kind": cfg.kind, "target": cfg.target, "data": str(cfg.data), "features": cfg.features,
+        "train_rows": run.train_rows, "steps": run.steps, "global_batch": run.global_batch, "world_size": run.world,
+        "tokens": run.tokens_seen, "train_time_s": round(run.train_time, 2),
+        "tokens_per_s": round(run.tokens_seen / max(run.train_time, 1e-9), 1),
+        "final_loss": run.last_loss, "optim": asdict(cfg.optim), "seed": cfg.seed, "options": task_options(cfg)}
+    heads.record_tokenizer(run.tokenizer)  # the decoder refuses a tokenizer whose ids mean other tokens
+    if run.last_eval is not None:
+        heads.metadata["eval"] = run.last_eval
+        if "calibration" in run.last_eval:  # the decoder ranks tree nodes with these temperatures
+            heads.metadata["calibration"] = calibration_metadata(run.last_eval["calibration"])
+    run.task.save(heads, run.inner.run_target(), final)
+    publish_dirs(final)  # the heads are written to a private temp folder, then renamed
 
 
 def train_cli(cfg: TrainConfig) -> int:
