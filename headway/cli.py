@@ -29,10 +29,10 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "demo": Command("The whole pipeline on the demo target: build, distil, train Medusa/EAGLE-1/EAGLE-3, bench.",
-                    "headway.demo:DemoConfig", "headway.demo:demo_cli"),
+                    "headway.demo.pipeline:DemoConfig", "headway.demo.pipeline:demo_cli"),
     "target build": Command("Build (or reuse from cache) a target: the demo (a small Llama trained on the stdlib source) "
                             "or a named real one (smollm2: SmolLM2-135M-Instruct from a PyPI wheel's GGUF).",
-                            "headway.build_config:TargetBuildConfig", "headway.demo_target:build_cli"),
+                            "headway.demo.configs:TargetBuildConfig", "headway.demo.builder:build_cli"),
     "distill": Command("Let the frozen target write the answers to prompts (self-distillation), in resumable shards.",
                        "headway.data.distill:DistillConfig", "headway.data.distill:distill_cli"),
     "tokenize": Command("Tokenise a dataset that already has answers: input_ids + assistant-only loss masks.",
@@ -50,11 +50,11 @@ COMMANDS: dict[str, Command] = {
     "generate": Command("Generate with the tree speculative decoder: the target's exact output, faster.",
                         "headway.decode.cli:GenerateConfig", "headway.decode.cli:generate_cli"),
     "tune": Command("Measure acceptance and this machine's forward costs; store the fastest tree with the heads.",
-                    "headway.decode.configs:TuneConfig", "headway.decode.tune:tune_cli"),
+                    "headway.bench.configs:TuneConfig", "headway.bench.tune:tune_cli"),
     "chat": Command("Interactive chat (or completion) with the speculative decoder.",
                     "headway.decode.cli:ChatConfig", "headway.decode.cli:chat_cli"),
     "bench": Command("Benchmark heads against HF generate / assisted / prompt lookup: tokens/s, tau, exact match.",
-                     "headway.decode.configs:BenchConfig", "headway.decode.bench:bench_cli"),
+                     "headway.bench.configs:BenchConfig", "headway.bench.run:bench_cli"),
 }
 
 

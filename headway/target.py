@@ -1,35 +1,87 @@
-"""Loading the frozen target: any ``AutoModelForCausalLM`` plus its tokenizer (and an optional PEFT adapter)."""
+"""The target room: naming a target (a folder, a Hub id, a built-in name such as ``demo``) and
+loading it (dtype, device, PEFT adapter), with ``TargetArgs``, the options every command that
+runs a target shares.
+
+Light at import (no torch): the command configs subclass ``TargetArgs``, and ``--help`` reads them.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
+from .config import opt
 from .errors import HeadwayError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 class TargetError(HeadwayError, ValueError):
     """The target cannot be loaded as asked; the message says why and what to do."""
 
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
+TARGET_DTYPES = ("float32", "bfloat16", "float16")
+# Spellings load_target also takes from Python callers (the CLI offers TARGET_DTYPES only).
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+DEMO = "demo"
+# Built-in target names -> the function that builds (or reuses from the cache) that target and
+# returns its folder. Named by string: the builders live in the demo room, above this one.
+BUILDERS = {DEMO: "headway.demo.pipeline.builder:build_default", "smollm2": "headway.demo.pipeline.named:resolve_named_target"}
+
+
+@dataclass(kw_only=True)
+class TargetArgs:
+    """The target options of every command that runs a target (distill, features, train, generate,
+    chat, tune, bench): same names, same choices, same meaning. A command may change the default
+    and help of ``target`` only."""
+
+    target: str | None = opt(DEMO, "target model: a local folder, a Hub id, or a built-in name "
+                                   f"({', '.join(BUILDERS)}; built, or reused from the cache)")
+    revision: str | None = opt(None, "target revision (Hub targets)")
+    dtype: str = opt("float32", "dtype the target runs in (exact output is promised in float32)",
+                     choices=TARGET_DTYPES)
+    device: str | None = opt(None, "device (default: the process's accelerate device under `accelerate launch`, "
+                                   "else cuda if available, else cpu)")
+    adapter: str | None = opt(None, "PEFT adapter folder merged into the target (Medusa-2); generate / chat / tune / "
+                                    "bench default to the one the heads record")
+
+    def target_path(self) -> str:
+        """``target`` resolved to what ``load_target`` reads (builds a built-in target if needed)."""
+        if self.target is None:
+            raise TargetError("no target given; pass --target (a folder, a Hub id, or 'demo')")
+        return resolve_target_path(self.target)
+
+
+def resolve_target_path(name: str) -> str:
+    """A built-in name (``"demo"``, ``"smollm2"``) -> its folder (built on first use, then cached);
+    a local path -> its absolute form; anything else (a Hub id) unchanged."""
+    if name in BUILDERS:
+        module, _, attr = BUILDERS[name].partition(":")
+        return str(getattr(importlib.import_module(module), attr)(name))
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> Any:
-    if dtype is None or isinstance(dtype, torch.dtype):
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
-    if dtype not in DTYPES:
-        raise TargetError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    name = _DTYPE_ALIASES.get(dtype, dtype)
+    if name not in TARGET_DTYPES:
+        raise TargetError(f"unknown dtype '{dtype}'; use one of {', '.join(TARGET_DTYPES)} (or auto)")
+    return getattr(torch, name)
 
 
 def default_device() -> torch.device:
+    import torch
+
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

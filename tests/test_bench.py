@@ -14,9 +14,9 @@ from headway.decode import bench_methods
 from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.plans import make_plan
 from headway.data.samples import Sample
-from headway.decode.bench import BenchConfig, bench, load_prompts, schedule
-from headway.decode.bench_methods import depth_counts
-from headway.decode.bench_report import METHOD_KEYS, SCHEMA, first_difference, render_table, write_plot
+from headway.bench.run import BenchConfig, bench, load_prompts, schedule
+from headway.bench.methods import depth_counts
+from headway.bench.report import METHOD_KEYS, SCHEMA, first_difference, render_table, write_plot
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.target import load_target
 from headway.testing import save_tiny_target, tiny_target
@@ -262,10 +262,10 @@ def test_assistant_none_skips_the_assisted_baseline(folders, tmp_path, monkeypat
 ])
 def test_arguments_are_checked_before_the_target_is_built(args, message, tmp_path, monkeypatch, capsys):
     """`headway bench --heads /nope` once built the demo target (23 minutes) before saying so."""
-    import headway.data.targets
+    import headway.target
     import headway.target
 
-    monkeypatch.setattr(headway.data.targets, "resolve_target_path", lambda *a: pytest.fail("built the target"))
+    monkeypatch.setattr(headway.target, "resolve_target_path", lambda *a: pytest.fail("built the target"))
     monkeypatch.setattr(headway.target, "load_target", lambda *a, **k: pytest.fail("loaded the target"))
     (tmp_path / "junk").mkdir()
     args = [str(tmp_path / "junk") if a == "NOT_HEADS" else a for a in args]

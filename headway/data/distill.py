@@ -30,7 +30,8 @@ from ..config import check_choice, opt
 from .errors import DataError, ResumeMismatchError
 from .generation import SamplingSettings, generate_batch, stop_token_ids
 from .plans import OVERLONG, PROMPT_FORMATS, Plan, fit_budget, make_plan
-from .shards import (atomic_path, check_settings, complete_shards, digest, owned_shards, read_json, remove_stale,
+from ..publish import publishing
+from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
 from .sources import SourceResult, read_samples
 
@@ -185,7 +186,7 @@ def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardSt
     from datasets import Dataset
 
     final = folder / shard_name(j)
-    with atomic_path(final) as tmp:
+    with publishing(final) as tmp:
         Dataset.from_list(rows, features=row_features()).save_to_disk(str(tmp))
         write_json(tmp / SHARD_STATS, asdict(stats))
     return final
@@ -204,7 +205,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     from .chat import load_chat_template
     from .progress import TokenProgress, console
     from .runtime import processes
-    from .targets import resolve_target_path
+    from ..target import resolve_target_path
 
     out = Path(cfg.output).expanduser()
     procs = processes(cfg.device)

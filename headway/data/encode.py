@@ -89,7 +89,7 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     from .progress import console, quiet_datasets
     from .shards import write_json
     from .sources import read_samples
-    from .targets import resolve_target_path
+    from ..target import resolve_target_path
     from .vocab import save_token_counts, token_frequencies
 
     start = time.perf_counter()

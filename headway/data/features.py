@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,9 +30,10 @@ import torch
 from torch import nn
 
 from ..config import opt
+from ..publish import publishing
 from .errors import DataError
 from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale, shard_name,
-                     shard_ranges, tmp_name, write_json)
+                     shard_ranges, write_json)
 
 MANIFEST = "features.json"
 FORMAT = "headway-features"
@@ -181,10 +181,9 @@ def write_feature_shard(folder: Path, j: int, tensors: dict[str, torch.Tensor]) 
     from safetensors.torch import save_file
 
     final = folder / shard_name(j, SUFFIX)
-    tmp = tmp_name(final)
     meta = {"rows": str(tensors["index"].numel()), "tokens": str(tensors["input_ids"].numel())}
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, final)
+    with publishing(final) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
     return final
 
 
@@ -199,7 +198,7 @@ def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
     from .distill import MANIFEST as DISTILL_MANIFEST, load_distilled, output_lock, prepare_output
     from .progress import TokenProgress, console
     from .runtime import processes
-    from .targets import resolve_target_path
+    from ..target import resolve_target_path
 
     out = Path(cfg.output).expanduser()
     data_path = Path(cfg.dataset).expanduser().resolve()

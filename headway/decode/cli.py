@@ -72,7 +72,7 @@ def adapter_note(adapter: Any) -> str:
 
 def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: str | None, adapter: str | None = None,
                 typical: tuple[float, float] | None = None):
-    from ..data.targets import resolve_target_path
+    from ..target import resolve_target_path
     from .speculator import Speculator
 
     spec = Speculator.from_pretrained(resolve_target_path(target), heads, tree=tree, dtype=dtype, device=device,

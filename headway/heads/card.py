@@ -73,8 +73,8 @@ def target_view(name_or_path: str | None) -> TargetView:
         return TargetView("a causal LM", "path/to/target", None, None)
     if is_hub_id(name_or_path):
         return TargetView(name_or_path, name_or_path, name_or_path, None)
-    from ..build_config import PRESETS
-    from ..named_targets import NAMED_TARGETS
+    from ..demo.configs import PRESETS
+    from ..demo.named import NAMED_TARGETS
 
     label = last_component(name_or_path)
     in_cache = _pure(name_or_path).parent.name == "targets"  # built by headway: <cache>/targets/<name>

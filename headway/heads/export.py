@@ -359,7 +359,7 @@ def target_lm_head(target: nn.Module | str | Path | None, cfg: dict[str, Any]) -
     if target is None:
         return None
     if not isinstance(target, nn.Module):
-        from ..data.targets import resolve_target_path
+        from ..target import resolve_target_path
         from ..target import load_target
 
         target, tokenizer = load_target(resolve_target_path(str(target)), device="cpu")

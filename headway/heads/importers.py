@@ -155,7 +155,7 @@ def import_heads(path: str | Path, target: nn.Module | None = None, fmt: str = "
 def import_cli(cfg: ImportConfig) -> int:
     target: Any = None
     if cfg.target:
-        from ..data.targets import resolve_target_path
+        from ..target import resolve_target_path
         from ..target import load_target
 
         target, _ = load_target(resolve_target_path(cfg.target), device="cpu")

@@ -639,7 +639,7 @@ def non_finite_weight(module: TrainModule) -> str | None:
 # -- the loop --------------------------------------------------------------------------------
 def train(cfg: TrainConfig) -> Path:
     """Train heads as configured; returns the final heads folder (or the checkpoint, if stopped early)."""
-    from ..data.targets import resolve_target_path
+    from ..target import resolve_target_path
     from ..target import load_target
 
     check_data_paths(cfg)

