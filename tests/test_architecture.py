@@ -110,3 +110,40 @@ def test_no_import_cycles():
 def test_no_module_below_the_cli_imports_it():
     offenders = {m: sorted(deps & CLI) for m, deps in import_graph().items() if m not in CLI and deps & CLI}
     assert offenders == {}
+
+
+def test_nothing_outside_heads_opens_a_heads_config_json():
+    """The checkpoint format has one owner: heads/ (read_config, read_metadata, update_metadata)."""
+    opens = re.compile(r"""["']config\.json["']\s*\)?\s*\.?\s*(read_text|write_text|open)|open\([^)]*config\.json""")
+    offenders = [str(f.relative_to(PACKAGE)) for f in PACKAGE.rglob("*.py")
+                 if "heads" not in f.relative_to(PACKAGE).parts[:1] and opens.search(f.read_text())]
+    assert offenders == []
+
+
+def test_every_command_that_runs_a_target_takes_the_same_target_options():
+    import dataclasses
+
+    from headway.cli import COMMANDS, _load
+    from headway.target import TargetArgs
+
+    shared = {f.name: f.metadata["choices"] for f in dataclasses.fields(TargetArgs)}
+    for name in ("distill", "features", "train", "generate", "chat", "tune", "bench"):
+        cls = _load(COMMANDS[name].config)
+        assert issubclass(cls, TargetArgs), name
+        assert {f.name: f.metadata["choices"] for f in dataclasses.fields(cls) if f.name in shared} == shared, name
+
+
+def test_builtin_target_names_have_builders():
+    from headway.demo.named import NAMED_TARGETS
+    from headway.target import BUILDERS
+
+    assert {"demo", *NAMED_TARGETS} == set(BUILDERS)
+
+
+def test_choices_are_enforced_by_the_config_parser():
+    from headway.config import ConfigError, load_config
+    from headway.data.configs import DistillConfig
+
+    with pytest.raises(ConfigError, match="'dtype' must be one of float32, bfloat16, float16"):
+        load_config(DistillConfig, None, {"source": "x.jsonl", "dtype": "float64"})
+    assert load_config(DistillConfig, None, {"source": "x.jsonl", "dtype": "bfloat16"}).dtype == "bfloat16"

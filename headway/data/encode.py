@@ -39,9 +39,6 @@ class TokenizeConfig:
     overwrite: bool = opt(False, "delete the output folder first")
 
     def __post_init__(self) -> None:
-        from .distill import check_choices
-
-        check_choices(self)
         if self.max_length < 1:
             raise DataError(f"max_length must be >= 1, got {self.max_length}")
 

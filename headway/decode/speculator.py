@@ -403,7 +403,7 @@ class Speculator:
         stats = GenerationStats()
         steps = self.stream(prompt, max_new_tokens, temperature, top_p, top_k, stop, seed, chat, stats)
         if stream:
-            return self._text_stream(steps, stop)
+            return self.text_stream(steps, stop)
         ids: list[int] = []
         for new in steps:
             ids += new
@@ -414,7 +414,7 @@ class Speculator:
             text = text[: min(cut)] if cut else text
         return GenerationOutput(ids, text, stats)
 
-    def _text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
+    def text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
         ids: list[int] = []
         shown = 0
         for new in steps:

@@ -79,7 +79,7 @@ def distill_data(cfg: DemoConfig, target: Path, run: Path) -> Path:
 
 
 def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) -> Path:
-    """One recipe per kind, run as its own process (``python -m headway.train``, what ``accelerate
+    """One recipe per kind, run as its own process (``python -m headway train``, what ``accelerate
     launch`` runs too): accelerate's process state is a singleton that one process cannot re-set."""
     import subprocess
     import sys
@@ -111,7 +111,7 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
         import os
 
         env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads)}
-    rc = subprocess.run([sys.executable, "-m", "headway.train", "--config", str(resolved)], env=env).returncode
+    rc = subprocess.run([sys.executable, "-m", "headway", "train", "--config", str(resolved)], env=env).returncode
     if rc != 0 or not _done(final):
         raise HeadwayError(f"training {kind} failed (exit {rc}); rerun `headway demo` to resume from its checkpoint")
     return final

@@ -75,7 +75,7 @@ def _load_st(f: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_bin(f: Path) -> dict[str, torch.Tensor]:
-    from .importers import read_tensors  # weights-only reader shared with the Medusa importer
+    from .files import read_reference_tensors as read_tensors  # weights-only reader shared with the Medusa importer
 
     return read_tensors(f)
 

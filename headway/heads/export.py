@@ -46,9 +46,6 @@ Engine facts these functions rely on, read from the engines' sources (vLLM 0.32.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -59,8 +56,9 @@ from torch import nn
 
 from .. import __version__
 from ..errors import HeadwayError
-from .base import (HeadsBase, check_finite, check_tokenizer, heads_class, publish_mode, read_config, read_tensors,
-                   resolve_checkpoint)
+from ..publish import publishing
+from .base import HeadsBase, check_finite, check_tokenizer, read_config, read_tensors, resolve_checkpoint
+from .load import heads_class
 from .configs import EXPORT_DTYPES, EXPORT_FORMATS, ExportConfig  # noqa: F401  (ExportConfig: re-exported)
 
 FORMATS = EXPORT_FORMATS
@@ -410,21 +408,9 @@ def export_readme(ex: Export, fmt: str) -> str:
 
 def write_atomic(out: Path, files: dict[str, Callable[[Path], None]]) -> Path:
     """Write each file through its writer into a temp folder beside ``out``, then rename into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with publishing(out, folder=True) as tmp:
         for name, write in files.items():
             write(tmp / name)
-        publish_mode(tmp)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
-            os.rename(out, old / "x")
-            os.rename(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -90,7 +90,7 @@ def staged_for_push(folder: Path, repo_id: str, license: str | None = None) -> I
     """A copy of the checkpoint whose model card is written again for ``repo_id``: the usage lines
     name the repo instead of the saved card's placeholder, and ``license`` (if given) is stated.
     The checkpoint folder itself is left as it is."""
-    from .base import read_config
+    from .files import read_config
     from .card import model_card
 
     try:
@@ -117,7 +117,7 @@ def push_heads(heads: str | Path, repo_id: str, private: bool = False, revision:
     folder = Path(heads).expanduser()
     if not folder.is_dir():
         raise HubError(f"heads folder not found: {folder}")
-    from .base import check_finite, read_config, read_tensors
+    from .files import check_finite, read_config, read_tensors
 
     read_config(folder)  # a headway checkpoint, not any folder
     for name in ("model.safetensors", "README.md"):

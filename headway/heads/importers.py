@@ -23,6 +23,7 @@ from torch import nn
 from ..config import check_choice
 from ..target import TargetInfo
 from .base import HeadsBase, HeadsError, load_state_strict
+from .files import read_reference_tensors as read_tensors
 from .configs import ImportConfig  # noqa: F401  (re-exported; light, for --help)
 from .medusa import MedusaConfig, MedusaHeads
 
@@ -52,21 +53,6 @@ def _medusa_file(path_or_file: str | Path) -> Path:
     except Exception as e:  # offline, missing repo: one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise HeadsError(f"cannot fetch '{s}' from the Hub: {first}") from None
-
-
-def read_tensors(f: Path) -> dict[str, torch.Tensor]:
-    """A flat dict of tensors from .safetensors, or from .pt/.bin read weights-only."""
-    if f.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(f))
-    try:
-        sd = torch.load(str(f), map_location="cpu", weights_only=True)
-    except Exception as e:  # pickled code, not plain tensors
-        raise HeadsError(f"{f}: cannot read as plain tensors (weights_only=True): {str(e).splitlines()[0]}") from None
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise HeadsError(f"{f} is not a flat dict of tensors")
-    return sd
 
 
 def medusa_layout(tensors: dict[str, torch.Tensor], where: str) -> tuple[int, int, bool]:

@@ -611,10 +611,10 @@ def non_finite_message(module: TrainModule, cfg: TrainConfig, step: int, batches
                     return (f"{head}: the stored features '{key}' in {cfg.features} are NaN/inf{where}; make them "
                             f"again with headway features{tail}")
                 return (f"{head}: the target's hidden states '{key}' are NaN/inf{where}; check the target's weights "
-                        f"or its dtype (target_dtype={cfg.target_dtype}; float16 overflows){tail}")
+                        f"or its dtype (dtype={cfg.dtype}; float16 overflows){tail}")
         if tb.logits is not None and not bool(torch.isfinite(tb.logits[real]).all()):
             return (f"{head}: the target's logits are NaN/inf though its hidden states are finite{where}; check its "
-                    f"lm_head weights or target_dtype={cfg.target_dtype}{tail}")
+                    f"lm_head weights or dtype={cfg.dtype}{tail}")
         if not bool(torch.isfinite(losses[i]).all()):
             return (f"{head}: the loss is {float(losses[i])} though the target's hidden states and logits are "
                     f"finite{where}: the heads diverged; lower optim.lr (now {cfg.optim.lr}) or set "
@@ -647,7 +647,8 @@ def train(cfg: TrainConfig) -> Path:
     accelerator = make_accelerator(cfg)
     with accelerator.main_process_first():  # the demo target builds once, then everyone reads it
         target_path = resolve_target_path(cfg.target)
-    target, tokenizer = load_target(target_path, dtype=cfg.target_dtype, device=accelerator.device)
+    target, tokenizer = load_target(target_path, dtype=cfg.dtype, device=cfg.device or accelerator.device,
+                                    adapter=cfg.adapter, revision=cfg.revision)
     return fit(cfg, target, tokenizer, accelerator)
 
 
