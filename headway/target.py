@@ -32,7 +32,7 @@ _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DEMO = "demo"
 # Built-in target names -> the function that builds (or reuses from the cache) that target and
 # returns its folder. Named by string: the builders live in the demo room, above this one.
-BUILDERS = {DEMO: "headway.demo.pipeline.builder:build_default", "smollm2": "headway.demo.pipeline.named:resolve_named_target"}
+BUILDERS = {DEMO: "headway.demo.builder:build_default", "smollm2": "headway.demo.named:resolve_named_target"}
 
 
 @dataclass(kw_only=True)
