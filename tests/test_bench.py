@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from headway.cli import main
-from headway.config import ConfigError
-from headway.decode import bench_methods
+from headway.config import ConfigError, load_config
+from headway.bench import methods as bench_methods
 from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.plans import make_plan
 from headway.data.samples import Sample
@@ -223,8 +223,8 @@ def test_prompt_options_match_distill_and_are_checked(folders):
             assert (bench_fields[f.name].default, bench_fields[f.name].metadata) == (f.default, f.metadata)
     assert BenchConfig().baselines == ["hf-assisted", "hf-prompt-lookup"]
     assert BenchConfig(baselines=["none"]).baselines == []
-    with pytest.raises(ConfigError, match="prompt_format"):
-        BenchConfig(prompt_format="jinja")
+    with pytest.raises(ConfigError, match="prompt_format"):  # choices: enforced by the config parser
+        load_config(BenchConfig, None, {"prompt_format": "jinja"})
     with pytest.raises(ConfigError, match="baselines"):
         BenchConfig(baselines=["hf-assisted", "vllm"])
     with pytest.raises(ConfigError, match="leaves out hf-assisted"):
@@ -235,7 +235,7 @@ def test_prompt_options_match_distill_and_are_checked(folders):
 
 def test_assistant_none_skips_the_assisted_baseline(folders, tmp_path, monkeypatch):
     from headway.config import parse_cli
-    from headway.decode import bench as bench_mod
+    from headway.bench import run as bench_mod
 
     cfg = parse_cli(BenchConfig, ["--assistant", "none"])  # the demo target (the default) included
     assert cfg.target == "demo" and cfg.assistant is None and cfg.baselines == ["hf-prompt-lookup"]
@@ -262,7 +262,6 @@ def test_assistant_none_skips_the_assisted_baseline(folders, tmp_path, monkeypat
 ])
 def test_arguments_are_checked_before_the_target_is_built(args, message, tmp_path, monkeypatch, capsys):
     """`headway bench --heads /nope` once built the demo target (23 minutes) before saying so."""
-    import headway.target
     import headway.target
 
     monkeypatch.setattr(headway.target, "resolve_target_path", lambda *a: pytest.fail("built the target"))
