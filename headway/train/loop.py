@@ -27,25 +27,18 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import to_dict
-from ..errors import HeadwayError
 from .batch import (TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch, stored_keys,
                     target_batch)
 from .calibration import calibration_metadata
 from .checkpoints import (clear_run, folder_run, publish_dirs, read_state, resolve_resume, run_difference,
                           save_checkpoint, write_run)
 from .config import OptimConfig, TrainConfig
+from .errors import NonFiniteError, TrainError
 from .losses import IGNORE_INDEX, medusa_labels
 from .metrics import json_safe
-from .tasks import TASKS, ParamGroup, Task
-
-
-class TrainError(HeadwayError):
-    """Training cannot start as configured; the message says why."""
-
-
-class NonFiniteError(TrainError):
-    """A NaN / infinite loss, gradient or weight stopped training; the message names the step and
-    the first non-finite input. Nothing of that step is saved."""
+from .registry import TASKS
+from .rows import FeatureRows, load_rows
+from .tasks import ParamGroup, Task
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -82,31 +75,6 @@ def check_data_paths(cfg: TrainConfig) -> None:
             raise TrainError(f"{what} not found: {path}")
     if cfg.features or cfg.eval_features:
         check_features_config(cfg)
-
-
-def load_rows(path: str) -> Any:
-    from ..data.distill import load_distilled
-
-    return load_distilled(path).select_columns(["input_ids", "loss_mask"])
-
-
-class FeatureRows(Dataset):
-    """Offline rows: those of a ``FeatureStore`` (memory-mapped shards), or a subset in a given
-    order, reading only ``keys`` and at most ``max_length`` tokens of each row."""
-
-    def __init__(self, store: Any, keys: Sequence[str], max_length: int | None = None,
-                 indices: list[int] | None = None) -> None:
-        self.store, self.keys, self.max_length = store, list(keys), max_length
-        self.indices = list(range(len(store))) if indices is None else indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.store.row(self.indices[i], self.keys, self.max_length)
-
-    def select(self, indices: Sequence[int]) -> "FeatureRows":
-        return FeatureRows(self.store, self.keys, self.max_length, [self.indices[i] for i in indices])
 
 
 def split_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list[int] | None]:
