@@ -3,7 +3,8 @@
 Write into a temp sibling of the final path, fsync, give it the modes a plain ``open`` / ``mkdir``
 would have (``tempfile`` makes them private), then rename it onto the final path: a reader sees
 the old version or the new one, never half of one, and an interrupted writer leaves only a
-dot-named temp sibling behind.
+``<name>.tmp<pid>`` sibling behind. Nothing else in headway renames a temp into place
+(``tests/test_architecture.py`` checks).
 """
 
 from __future__ import annotations
@@ -55,6 +56,30 @@ def temp_sibling(final: Path) -> Path:
     return final.with_name(f"{final.name}.tmp{os.getpid()}")
 
 
+def publish(tmp: str | Path, final: str | Path, *, replace: bool = True) -> Path:
+    """Publish a finished temp file or folder ``tmp`` as ``final`` (fsync, plain modes, rename):
+    the step ``publishing`` ends with, for a writer whose temp must have a name of its own (every
+    process of a distributed checkpoint writes into one folder). Without ``replace`` an existing
+    ``final`` wins and ``tmp`` is left for the caller to remove."""
+    tmp, final = Path(tmp), Path(final)
+    _settle(tmp)
+    if final.exists() and not replace:
+        return final
+    if tmp.is_dir() and final.is_dir():  # a folder cannot be renamed onto a non-empty one: swap it aside
+        old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
+        os.rename(final, old / "x")
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            os.rename(old / "x", final)
+            raise
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
 @contextlib.contextmanager
 def publishing(final: str | Path, *, folder: bool = False, replace: bool = True) -> Iterator[Path]:
     """Yield a temp sibling of ``final`` to write (a fresh path, or an empty folder when ``folder``).
@@ -69,21 +94,7 @@ def publishing(final: str | Path, *, folder: bool = False, replace: bool = True)
         tmp.mkdir()
     try:
         yield tmp
-        _settle(tmp)
-        if final.exists() and not replace:
-            return
-        if tmp.is_dir() and final.is_dir():  # a folder cannot be renamed onto a non-empty one: swap it aside
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
-            os.rename(final, old / "x")
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                os.rename(old / "x", final)
-                raise
-            finally:
-                shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        publish(tmp, final, replace=replace)
     finally:
         _remove(tmp)
 

@@ -159,3 +159,14 @@ def test_every_head_kind_has_its_training_task():
     assert set(TASKS) == set(KINDS)
     assert set(HEAD_CLASSES) <= set(TASKS)
     assert all(task.kind == kind for kind, task in TASKS.items())
+
+
+def test_only_publish_renames_a_temp_into_place():
+    """One atomic-publish helper (headway/publish.py): no other module renames or moves files into
+    place itself. A line that truly must carries an ``# atomic-publish: <why>`` comment."""
+    # Path.replace takes one argument; str.replace and dataclasses.replace take more
+    renames = re.compile(r"os\.replace\(|os\.rename\(|shutil\.move\(|\.rename\(|\.replace\([^)\"',]*\)")
+    offenders = [f"{f.relative_to(PACKAGE)}:{i}" for f in PACKAGE.rglob("*.py") if f.name != "publish.py"
+                 for i, line in enumerate(f.read_text().splitlines(), 1)
+                 if renames.search(line.split("#")[0]) and "# atomic-publish:" not in line]
+    assert offenders == []

@@ -29,7 +29,7 @@ from .errors import DataError, ResumeMismatchError
 from .generation import SamplingSettings, generate_batch, stop_token_ids
 from .configs import DistillConfig  # noqa: F401  (re-exported; light, for --help)
 from .plans import Plan, fit_budget, make_plan
-from ..publish import publishing
+from ..publish import publish, publishing
 from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
 from .sources import SourceResult, read_samples
@@ -342,7 +342,7 @@ def save_merged(ds: Any, out: Path) -> None:
     tmp = out / f".merged.tmp{os.getpid()}"
     ds.save_to_disk(str(tmp))
     for p in sorted(tmp.iterdir(), key=lambda p: p.name == "state.json"):
-        os.replace(p, out / p.name)
+        publish(p, out / p.name)
     tmp.rmdir()
 
 
