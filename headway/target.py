@@ -64,8 +64,8 @@ def resolve_target_path(name: str) -> str:
     if name in BUILDERS:
         module, _, attr = BUILDERS[name].partition(":")
         return str(getattr(importlib.import_module(module), attr)(name))
-    path = Path(name).expanduser()
-    return str(path.resolve()) if path.exists() else name
+    path = local_path(name)
+    return str(path.resolve()) if path is not None else name  # a Hub id: from_pretrained fetches it (resolve_folder's cache)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> Any:
@@ -117,8 +117,38 @@ class TargetInfo:
                                   f"but this target has {name}={theirs} ({other.name_or_path or 'model in hand'})")
 
 
+# -- one resolver: a local folder or a Hub repo id --------------------------------------------
+def local_path(name_or_path: str | Path) -> Path | None:
+    """The local file or folder ``name_or_path`` names (``~`` expanded), or None when there is none
+    (then it can only be a Hub repo id)."""
+    p = Path(name_or_path).expanduser()
+    return p if p.exists() else None
+
+
+def resolve_folder(name_or_path: str | Path, revision: str | None = None, *, allow_patterns: list[str] | None = None,
+                   what: str = "checkpoint", fetching: str = "", error: type[HeadwayError] = TargetError) -> Path:
+    """The one resolver of "a local folder or a Hub repo id": the folder, or the repo (``org/name``)
+    fetched through huggingface_hub into its cache (``models--org--name/snapshots/<sha>``; offline,
+    the cached snapshot), only the files ``allow_patterns`` match. Heads loading, ``headway import``
+    and the target loader all go through here; errors are one ``error`` line (``what`` names the
+    thing in "not found", ``fetching`` in "cannot fetch")."""
+    p = local_path(name_or_path)
+    if p is not None and p.is_dir():
+        return p
+    s = str(name_or_path)
+    if s.startswith((".", "/", "~")) or s.count("/") != 1:
+        raise error(f"{what} not found: '{s}' is not a folder and not a Hub repo id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(s, revision=revision, allow_patterns=allow_patterns))
+    except Exception as e:  # offline, missing repo, no network: say which in one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise error(f"cannot fetch {fetching}'{s}' from the Hub: {first}") from None
+
+
 def _is_local(name_or_path: str) -> bool:
-    return name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path and Path(name_or_path).exists()
+    return name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path and local_path(name_or_path) is not None
 
 
 def load_config_only(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
@@ -172,7 +202,8 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
         raise TargetError(f"'{name_or_path}' is a '{config.model_type}' model, not a causal LM "
                           "(AutoModelForCausalLM cannot load it); headway needs a decoder-only language model")
-    src = str(Path(name_or_path).expanduser()) if Path(name_or_path).expanduser().exists() else name_or_path
+    local = local_path(name_or_path)
+    src = str(local) if local is not None else name_or_path
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     if dtype is not None:
         kwargs["dtype"] = resolve_dtype(dtype)
@@ -199,10 +230,10 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
 def apply_adapter(model: nn.Module, adapter: str) -> nn.Module:
     from peft import PeftModel
 
-    if not Path(adapter).expanduser().exists() and _is_local(adapter):
+    local = local_path(adapter)
+    if local is None and _is_local(adapter):
         raise TargetError(f"adapter path does not exist: {adapter}")
-    return PeftModel.from_pretrained(model, str(Path(adapter).expanduser()) if Path(adapter).expanduser().exists()
-                                     else adapter).merge_and_unload()
+    return PeftModel.from_pretrained(model, str(local) if local is not None else adapter).merge_and_unload()
 
 
 def check_vocab(model: nn.Module, tokenizer: Any, name: str = "target") -> None:

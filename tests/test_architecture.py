@@ -170,3 +170,11 @@ def test_only_publish_renames_a_temp_into_place():
                  for i, line in enumerate(f.read_text().splitlines(), 1)
                  if renames.search(line.split("#")[0]) and "# atomic-publish:" not in line]
     assert offenders == []
+
+
+def test_one_resolver_fetches_from_the_hub():
+    """``target.resolve_folder`` alone turns a Hub repo id into a folder (heads, import, target)."""
+    fetches = re.compile(r"snapshot_download|hf_hub_download")
+    offenders = [str(f.relative_to(PACKAGE)) for f in PACKAGE.rglob("*.py")
+                 if f.name != "target.py" and fetches.search(f.read_text())]
+    assert offenders == []

@@ -21,19 +21,10 @@ class HeadsError(HeadwayError):
 
 def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None) -> Path:
     """A local folder, or a Hub repo id resolved through huggingface_hub (the cache works offline)."""
-    p = Path(name_or_path).expanduser()
-    if p.is_dir():
-        return p
-    s = str(name_or_path)
-    if s.startswith((".", "/", "~")) or s.count("/") != 1:
-        raise HeadsError(f"heads checkpoint not found: '{s}' is not a folder and not a Hub repo id (org/name)")
-    from huggingface_hub import snapshot_download
+    from ..target import resolve_folder
 
-    try:
-        return Path(snapshot_download(s, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.md"]))
-    except Exception as e:  # offline, missing repo, no network: say which in one line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise HeadsError(f"cannot fetch heads '{s}' from the Hub: {first}") from None
+    return resolve_folder(name_or_path, revision, allow_patterns=["*.json", "*.safetensors", "*.md"],
+                          what="heads checkpoint", fetching="heads ", error=HeadsError)
 
 
 def read_config(path: Path) -> dict[str, Any]:

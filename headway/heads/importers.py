@@ -33,26 +33,17 @@ _PROJ = re.compile(r"^(\d+)\.(\d+)\.weight$")
 
 
 def _medusa_file(path_or_file: str | Path) -> Path:
+    from ..target import resolve_folder
+
     p = Path(path_or_file).expanduser()
     if p.is_file():
         return p
-    if p.is_dir():
-        for name in MEDUSA_FILES:
-            if (p / name).is_file():
-                return p / name
-        raise HeadsError(f"{p} has no {' or '.join(MEDUSA_FILES)}; is it a FasterDecoding Medusa checkpoint?")
-    s = str(path_or_file)
-    if s.startswith((".", "/", "~")) or s.count("/") != 1:
-        raise HeadsError(f"Medusa checkpoint not found: '{s}' is not a file, a folder or a Hub repo id (org/name)")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return _medusa_file(snapshot_download(s, allow_patterns=["medusa_lm_head.*", "*.json"]))
-    except HeadsError:
-        raise
-    except Exception as e:  # offline, missing repo: one line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise HeadsError(f"cannot fetch '{s}' from the Hub: {first}") from None
+    folder = resolve_folder(path_or_file, allow_patterns=["medusa_lm_head.*", "*.json"], what="Medusa checkpoint",
+                            error=HeadsError)
+    for name in MEDUSA_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise HeadsError(f"{folder} has no {' or '.join(MEDUSA_FILES)}; is it a FasterDecoding Medusa checkpoint?")
 
 
 def medusa_layout(tensors: dict[str, torch.Tensor], where: str) -> tuple[int, int, bool]:
