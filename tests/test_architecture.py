@@ -155,9 +155,7 @@ def test_rooms_import_only_downward():
     offenders = {m: sorted(d for d in deps if d.startswith(never)) for m, deps in import_graph().items()
                  for room, never in below.items() if (m == room or m.startswith(room + ".")) and
                  any(d.startswith(never) for d in deps)}
-    # Open (architecture.md): the demo: prompt sources read the demo target's stdlib corpus, which
-    # lives in the demo builder (lazily imported). It goes when that corpus moves into data/.
-    assert offenders == {"headway.data.sources": ["headway.demo.builder"]}
+    assert offenders == {}
 
 
 def test_choices_are_enforced_by_the_config_parser():

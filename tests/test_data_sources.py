@@ -97,9 +97,9 @@ def test_demo_source_calls_demo_prompts(monkeypatch):
         calls.append((split, n, prompt_tokens, seed))
         return [f"{split} prefix {i}" for i in range(n)]
 
-    fake = types.ModuleType("headway.demo.builder")
+    fake = types.ModuleType("headway.data.stdlib_corpus")
     fake.demo_prompts = demo_prompts
-    monkeypatch.setitem(sys.modules, "headway.demo.builder", fake)
+    monkeypatch.setitem(sys.modules, "headway.data.stdlib_corpus", fake)
     s = read_samples("demo:heldout", limit=3, tokenizer=object(), prompt_tokens=32, seed=7).samples
     assert [x.prompt for x in s] == ["heldout prefix 0", "heldout prefix 1", "heldout prefix 2"]
     assert s[0].id == "demo:heldout:0" and calls == [("heldout", 3, 32, 7)]
