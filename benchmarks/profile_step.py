@@ -89,7 +89,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     from headway.data.sources import read_samples
-    from headway.data.targets import resolve_target_path
+    from headway.target import resolve_target_path
     from headway.decode import Speculator
     from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
     from headway.target import load_target

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-benchmarks/results}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
-TARGET=$("$PY" -c "from headway.demo_target import TargetBuildConfig as C, build_demo_target as b; print(b(C(preset='tiny')))")
+TARGET=$("$PY" -c "from headway.demo.builder import TargetBuildConfig as C, build_demo_target as b; print(b(C(preset='tiny')))")
 HEADS=$("$PY" benchmarks/random_heads.py "$TARGET" "$OUT/tiny-random-heads" | tail -1)
 mkdir -p "$OUT"
 # shellcheck disable=SC2086

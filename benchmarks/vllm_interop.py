@@ -88,10 +88,10 @@ def ensure_venv(venv: Path) -> Path:
 
 def find_target(arg: str | None) -> Path:
     """--target, else the cached demo target, else the tiny preset with head_dim 32 (built in ~1 min)."""
-    from headway.demo_target import TargetBuildConfig, build_demo_target
+    from headway.demo.builder import TargetBuildConfig, build_demo_target
 
     if arg:
-        from headway.data.targets import resolve_target_path
+        from headway.target import resolve_target_path
 
         return Path(resolve_target_path(arg))
     built = sorted(Path("~/.cache/headway/targets").expanduser().glob("demo-*/config.json"))

@@ -2,9 +2,8 @@
 
 Each subcommand is a config dataclass plus a function taking it, named below as
 "module:attribute" so that ``headway --help`` imports neither torch nor transformers. The config
-dataclasses live in light modules (``build_config``, ``heads.configs``, ``decode.configs``, ...)
-so that ``headway <command> --help`` does not either (distill and features still do: their
-configs sit beside the code that runs them).
+dataclasses live in light modules (``demo.configs``, ``data.configs``, ``heads.configs``, ``bench.configs``, ...)
+so that ``headway <command> --help`` does not either.
 """
 
 from __future__ import annotations
@@ -29,16 +28,16 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "demo": Command("The whole pipeline on the demo target: build, distil, train Medusa/EAGLE-1/EAGLE-3, bench.",
-                    "headway.demo:DemoConfig", "headway.demo:demo_cli"),
+                    "headway.demo.pipeline:DemoConfig", "headway.demo.pipeline:demo_cli"),
     "target build": Command("Build (or reuse from cache) a target: the demo (a small Llama trained on the stdlib source) "
                             "or a named real one (smollm2: SmolLM2-135M-Instruct from a PyPI wheel's GGUF).",
-                            "headway.build_config:TargetBuildConfig", "headway.demo_target:build_cli"),
+                            "headway.demo.configs:TargetBuildConfig", "headway.demo.builder:build_cli"),
     "distill": Command("Let the frozen target write the answers to prompts (self-distillation), in resumable shards.",
-                       "headway.data.distill:DistillConfig", "headway.data.distill:distill_cli"),
+                       "headway.data.configs:DistillConfig", "headway.data.distill:distill_cli"),
     "tokenize": Command("Tokenise a dataset that already has answers: input_ids + assistant-only loss masks.",
                         "headway.data.encode:TokenizeConfig", "headway.data.encode:tokenize_cli"),
     "features": Command("Store the target's hidden states over a distilled dataset (EAGLE offline mode).",
-                        "headway.data.features:FeaturesConfig", "headway.data.features:features_cli"),
+                        "headway.data.configs:FeaturesConfig", "headway.data.features:features_cli"),
     "import": Command("Import a reference checkpoint or any headway export (Medusa, EAGLE-1/EAGLE-3) as native heads.",
                       "headway.heads.configs:ImportConfig", "headway.heads.importers:import_cli"),
     "export": Command("Export heads for an engine: vLLM (Medusa, EAGLE-1/3), SGLang (EAGLE-1/3), TensorRT-LLM "
@@ -46,16 +45,16 @@ COMMANDS: dict[str, Command] = {
                       "headway.heads.configs:ExportConfig", "headway.heads.export:export_cli"),
     "push": Command("Push a heads checkpoint (weights + model card) to the Hugging Face Hub: push HEADS ORG/NAME.",
                     "headway.heads.hub:PushConfig", "headway.heads.hub:push_cli"),
-    "train": Command("Train Medusa / EAGLE heads on the frozen target (= accelerate launch -m headway.train).",
+    "train": Command("Train Medusa / EAGLE heads on the frozen target (= accelerate launch -m headway train).",
                      "headway.train.config:TrainConfig", "headway.train.loop:train_cli"),
     "generate": Command("Generate with the tree speculative decoder: the target's exact output, faster.",
                         "headway.decode.cli:GenerateConfig", "headway.decode.cli:generate_cli"),
     "tune": Command("Measure acceptance and this machine's forward costs; store the fastest tree with the heads.",
-                    "headway.decode.configs:TuneConfig", "headway.decode.tune:tune_cli"),
+                    "headway.bench.configs:TuneConfig", "headway.bench.tune:tune_cli"),
     "chat": Command("Interactive chat (or completion) with the speculative decoder.",
                     "headway.decode.cli:ChatConfig", "headway.decode.cli:chat_cli"),
     "bench": Command("Benchmark heads against HF generate / assisted / prompt lookup: tokens/s, tau, exact match.",
-                     "headway.decode.configs:BenchConfig", "headway.decode.bench:bench_cli"),
+                     "headway.bench.configs:BenchConfig", "headway.bench.run:bench_cli"),
 }
 
 

@@ -28,14 +28,16 @@ class ConfigError(HeadwayError, ValueError):
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", *, positional: bool = False,
         choices: Sequence[Any] | None = None, default_factory: Any = dataclasses.MISSING,
-        none_word: bool = False) -> Any:
+        none_word: bool = False, kw_only: bool = False) -> Any:
     """``dataclasses.field`` with help text (and CLI hints) in its metadata. ``none_word``: the
-    string "none" reaches the dataclass as "none" instead of meaning unset (``bench --assistant none``)."""
+    string "none" reaches the dataclass as "none" instead of meaning unset (``bench --assistant none``).
+    ``choices`` are enforced by ``from_dict``. ``kw_only``: for a field a subclass re-declares from a
+    keyword-only base (``TargetArgs.target`` with another default)."""
     meta = {"help": help, "positional": positional, "choices": tuple(choices) if choices else None,
             "none_word": none_word}
     if default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=default_factory, metadata=meta, kw_only=kw_only or dataclasses.MISSING)
+    return dataclasses.field(default=default, metadata=meta, kw_only=kw_only or dataclasses.MISSING)
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -134,6 +136,7 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
             kwargs[key] = "none"
             continue
         kwargs[key] = coerce(value, hints[key], prefix + key)
+        check_choices(fields[key], kwargs[key], prefix + key)
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -357,6 +360,16 @@ def help_text(cls: type, prog: str, summary: str = "") -> str:
               "booleans: --flag / --no-flag; list options take several values (--temperature 0 1).",
               "Command-line values override the --config file."]
     return "\n".join(lines)
+
+
+def check_choices(f: dataclasses.Field, value: Any, key: str) -> None:
+    """``opt(choices=...)`` is a rule, not a hint: a value (or, for a list, each item) outside the
+    choices is a ``ConfigError``. None passes: it means unset."""
+    choices = f.metadata.get("choices")
+    if not choices or value is None:
+        return
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        check_choice(item, choices, key)
 
 
 def check_choice(value: Any, choices: Sequence[Any], key: str) -> None:

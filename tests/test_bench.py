@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from headway.cli import main
-from headway.config import ConfigError
-from headway.decode import bench_methods
+from headway.config import ConfigError, load_config
+from headway.bench import methods as bench_methods
 from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.plans import make_plan
 from headway.data.samples import Sample
-from headway.decode.bench import BenchConfig, bench, load_prompts, schedule
-from headway.decode.bench_methods import depth_counts
-from headway.decode.bench_report import METHOD_KEYS, SCHEMA, first_difference, render_table, write_plot
+from headway.bench.run import BenchConfig, bench, load_prompts, schedule
+from headway.bench.methods import depth_counts
+from headway.bench.report import METHOD_KEYS, SCHEMA, first_difference, render_table, write_plot
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.target import load_target
 from headway.testing import save_tiny_target, tiny_target
@@ -227,8 +227,8 @@ def test_prompt_options_match_distill_and_are_checked(folders):
             assert (bench_fields[f.name].default, bench_fields[f.name].metadata) == (f.default, f.metadata)
     assert BenchConfig().baselines == ["hf-assisted", "hf-prompt-lookup"]
     assert BenchConfig(baselines=["none"]).baselines == []
-    with pytest.raises(ConfigError, match="prompt_format"):
-        BenchConfig(prompt_format="jinja")
+    with pytest.raises(ConfigError, match="prompt_format"):  # choices: enforced by the config parser
+        load_config(BenchConfig, None, {"prompt_format": "jinja"})
     with pytest.raises(ConfigError, match="baselines"):
         BenchConfig(baselines=["hf-assisted", "vllm"])
     with pytest.raises(ConfigError, match="leaves out hf-assisted"):
@@ -239,7 +239,7 @@ def test_prompt_options_match_distill_and_are_checked(folders):
 
 def test_assistant_none_skips_the_assisted_baseline(folders, tmp_path, monkeypatch):
     from headway.config import parse_cli
-    from headway.decode import bench as bench_mod
+    from headway.bench import run as bench_mod
 
     cfg = parse_cli(BenchConfig, ["--assistant", "none"])  # the demo target (the default) included
     assert cfg.target == "demo" and cfg.assistant is None and cfg.baselines == ["hf-prompt-lookup"]
@@ -266,10 +266,9 @@ def test_assistant_none_skips_the_assisted_baseline(folders, tmp_path, monkeypat
 ])
 def test_arguments_are_checked_before_the_target_is_built(args, message, tmp_path, monkeypatch, capsys):
     """`headway bench --heads /nope` once built the demo target (23 minutes) before saying so."""
-    import headway.data.targets
     import headway.target
 
-    monkeypatch.setattr(headway.data.targets, "resolve_target_path", lambda *a: pytest.fail("built the target"))
+    monkeypatch.setattr(headway.target, "resolve_target_path", lambda *a: pytest.fail("built the target"))
     monkeypatch.setattr(headway.target, "load_target", lambda *a, **k: pytest.fail("loaded the target"))
     (tmp_path / "junk").mkdir()
     args = [str(tmp_path / "junk") if a == "NOT_HEADS" else a for a in args]

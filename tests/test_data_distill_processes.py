@@ -73,7 +73,7 @@ def test_two_processes_equal_one_process(llama_dir, tmp_path):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     e = {**env(), "ACCELERATE_USE_CPU": "1"}  # `--cpu --num_processes 2` would silently run one process
-    run = subprocess.run([*launch, "-m", "headway.data.distill", *args_of(cfg)], env=e, capture_output=True,
+    run = subprocess.run([*launch, "-m", "headway", "distill", *args_of(cfg)], env=e, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     manifest = json.loads((tmp_path / "two" / "headway_distill.json").read_text())
@@ -87,7 +87,7 @@ def test_two_processes_equal_one_process(llama_dir, tmp_path):
 
     fargs = ["--output", str(tmp_path / "f2"), "--layers", "final", "1", "--store-dtype", "float32",
              "--shard-size", "6", "--batch-size", "4"]
-    run = subprocess.run([*launch, "-m", "headway.data.features", str(tmp_path / "two"), *fargs], env=e,
+    run = subprocess.run([*launch, "-m", "headway", "features", str(tmp_path / "two"), *fargs], env=e,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     f1 = features(FeaturesConfig(dataset=str(one), output=str(tmp_path / "f1"), layers=["final", "1"],

@@ -86,7 +86,7 @@ def test_tune_and_generate_use_the_same_ids(chat_tok, tmp_path):
 
     from headway.decode.cli import prompt_token_ids
     from headway.decode.speculator import DecodeError
-    from headway.decode.tune import TuneConfig, calibration_prompts
+    from headway.bench.tune import TuneConfig, calibration_prompts
 
     src = tmp_path / "p.jsonl"
     src.write_text(json.dumps({"prompt": PROMPT}) + "\n" + json.dumps({"messages": CONV}) + "\n")

@@ -97,9 +97,9 @@ def test_demo_source_calls_demo_prompts(monkeypatch):
         calls.append((split, n, prompt_tokens, seed))
         return [f"{split} prefix {i}" for i in range(n)]
 
-    fake = types.ModuleType("headway.demo_target")
+    fake = types.ModuleType("headway.data.stdlib_corpus")
     fake.demo_prompts = demo_prompts
-    monkeypatch.setitem(sys.modules, "headway.demo_target", fake)
+    monkeypatch.setitem(sys.modules, "headway.data.stdlib_corpus", fake)
     s = read_samples("demo:heldout", limit=3, tokenizer=object(), prompt_tokens=32, seed=7).samples
     assert [x.prompt for x in s] == ["heldout prefix 0", "heldout prefix 1", "heldout prefix 2"]
     assert s[0].id == "demo:heldout:0" and calls == [("heldout", 3, 32, 7)]
@@ -149,8 +149,8 @@ def test_bad_rows_are_reported_with_location(tmp_path, row, reason):
 
 
 def test_resolve_target_path(monkeypatch, tmp_path):
-    import headway.demo_target as demo
-    from headway.data.targets import resolve_target_path
+    import headway.demo.builder as demo
+    from headway.target import resolve_target_path
 
     built = []
     monkeypatch.setattr(demo, "build_demo_target", lambda cfg: built.append(cfg.preset) or tmp_path / "demo-x")

@@ -210,9 +210,9 @@ def test_other_decode_commands_check_the_same_rules(capsys, command, args, words
 
 
 def test_the_command_configs_refuse_what_the_command_line_cannot_spell():
-    from headway.decode.bench import BenchConfig
+    from headway.bench.run import BenchConfig
     from headway.decode.cli import ChatConfig, GenerateConfig
-    from headway.decode.tune import TuneConfig
+    from headway.bench.tune import TuneConfig
 
     with pytest.raises(DecodeError, match="temperature must be a finite number"):
         BenchConfig(heads=["h"], temperature=[0.0, math.inf])

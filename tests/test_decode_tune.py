@@ -5,7 +5,7 @@ import torch
 from headway.cli import main
 from headway.decode import Speculator
 from headway.decode.shapes import StaticShape, chain
-from headway.decode.tune import TuneConfig, expected_accepted, interpolate, shape_spec, tune
+from headway.bench.tune import TuneConfig, expected_accepted, interpolate, shape_spec, tune
 from headway.decode.shapes import parse_shape
 from headway.heads import Eagle1Drafter, MedusaHeads
 from headway.testing import sample_texts

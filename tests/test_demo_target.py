@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import headway.demo_target as dt
+import headway.demo.builder as dt
 from headway.cli import main
 from headway.config import ConfigError
-from headway.demo_target import (TargetBuildConfig, build_demo_target, cache_key, corpus_files, corpus_tokens,
+from headway.demo.builder import (TargetBuildConfig, build_demo_target, cache_key, corpus_files, corpus_tokens,
                                  demo_prompts, read_metadata, repetition_rate, resolve_config, stdlib_root,
                                  target_dir)
 from headway.target import load_target

@@ -190,7 +190,7 @@ def test_two_processes_match_one_process(tmp_path, kind):
     two = run_cli(args[1:] + [f"output_dir={tmp_path / 'two'}", "batch_size=2"], tmp_path, timeout=600,
                   launcher=[accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                             "--main_process_port", str(free_port()), "--mixed_precision", "no",
-                            "--dynamo_backend", "no", "-m", "headway.train"],
+                            "--dynamo_backend", "no", "-m", "headway", "train"],
                   extra_env={"ACCELERATE_USE_CPU": "1"})
     assert two.returncode == 0, two.stderr[-3000:]
     l1, l2 = losses(tmp_path / "one"), losses(tmp_path / "two")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from headway.build_config import TargetBuildConfig
-from headway.demo_target import default_cache_dir, resolve_config, target_dir
+from headway.demo.configs import TargetBuildConfig
+from headway.demo.builder import default_cache_dir, resolve_config, target_dir
 from headway.testing import save_tiny_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from headway.cli import main
 from headway.config import ConfigError, load_config
 from headway.decode import Speculator
 from headway.decode.args import DecodeError
-from headway.decode.bench import BenchConfig, bench, heads_adapter
+from headway.bench.run import BenchConfig, bench, heads_adapter
 from headway.heads import HeadsError, MedusaHeads, load_heads
 from headway.heads.metadata import ADAPTER_SUBFOLDER, adapter_dir, read_metadata
 from headway.target import load_target

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from headway.named_targets import (METADATA_FILE, NAMED_TARGETS, build_named_target, convert_gguf, load_gguf,
+from headway.demo.named import (METADATA_FILE, NAMED_TARGETS, build_named_target, convert_gguf, load_gguf,
                                    named_target_dir, probe_ids)
 from headway.target import TargetError, load_target
 from headway.testing import tiny_target
@@ -100,7 +100,7 @@ def test_unknown_gguf_and_name_are_one_line_errors(tmp_path):
 
 
 def test_name_resolves_everywhere_a_target_is_accepted(tiny_gguf, tmp_path, monkeypatch):
-    from headway.data.targets import resolve_target_path
+    from headway.target import resolve_target_path
 
     monkeypatch.setenv("HEADWAY_CACHE", str(tmp_path))
     folder = build_named_target("smollm2", gguf=tiny_gguf[0])
@@ -123,7 +123,7 @@ def test_cli_builds_and_reports(tiny_gguf, tmp_path):
 def test_named_target_is_not_mistaken_for_the_demo_target(tiny_gguf, tmp_path):
     """bench and demo read the demo target's metadata file for demo-only fields; a named target
     must not carry that file (bench crashed at its end on SmolLM2 when it did)."""
-    from headway.decode.bench import _demo_metadata
+    from headway.bench.run import _demo_metadata
 
     folder = build_named_target("smollm2", cache_dir=tmp_path, gguf=tiny_gguf[0])
     assert _demo_metadata(str(folder)) is None

@@ -48,3 +48,28 @@ def test_target_info_mismatch_names_both_values():
     b = TargetInfo("b", None, 64, 500, 2, "LlamaForCausalLM")
     with pytest.raises(TargetError, match="vocab_size=384.*vocab_size=500"):
         a.check_matches(b)
+
+
+# -- the one resolver: a local folder or a Hub repo id ------------------------------------------
+def test_resolve_folder_local_hub_cache_and_errors(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from headway.heads import HeadsError
+    from headway.target import resolve_folder
+
+    local = tmp_path / "heads"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    assert resolve_folder(str(local)) == local
+    snap = tmp_path / "hub" / "models--someorg--thing" / "snapshots" / ("b" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("b" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert resolve_folder("someorg/thing", allow_patterns=["*.json"]) == snap
+    with pytest.raises(HeadsError, match="heads checkpoint not found: '/nope' is not a folder"):
+        resolve_folder("/nope", what="heads checkpoint", error=HeadsError)
+    with pytest.raises(TargetError, match="cannot fetch heads 'someorg/absent' from the Hub"):
+        resolve_folder("someorg/absent", fetching="heads ")

@@ -100,7 +100,7 @@ def test_two_processes_match_one_process(workdir, tmp_path, kind):
     two = run_cli(args + [f"output_dir={tmp_path / 'two'}", "batch_size=2"], workdir, timeout=300,
                   launcher=[accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                             "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-                            "-m", "headway.train"],
+                            "-m", "headway", "train"],
                   extra_env={"ACCELERATE_USE_CPU": "1"})
     assert two.returncode == 0, two.stderr[-3000:]
 

@@ -11,7 +11,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.y*ml"
 
 # filename prefix -> "module:ConfigClass"; anything else is a training recipe
 PREFIXES = {
-    "demo-target": "headway.demo_target:TargetBuildConfig",
+    "demo-target": "headway.demo.builder:TargetBuildConfig",
     "distill-": "headway.data.distill:DistillConfig",
     "features-": "headway.data.features:FeaturesConfig",
 }

@@ -274,7 +274,7 @@ def test_offline_two_processes_match_one_process(tmp_path):
     two = run_cli(args[1:] + [f"output_dir={tmp_path / 'two'}", "batch_size=2"], tmp_path, timeout=600,
                   launcher=[accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                             "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
-                            "-m", "headway.train"],
+                            "-m", "headway", "train"],
                   extra_env={"ACCELERATE_USE_CPU": "1"})
     assert two.returncode == 0, two.stderr[-3000:]
     l1, l2 = log_losses(tmp_path / "one"), log_losses(tmp_path / "two")

@@ -90,7 +90,7 @@ def test_a_nan_target_weight_stops_training_at_its_step_and_writes_no_heads(setu
     with pytest.raises(NonFiniteError) as e:
         fit(config(setup, tmp_path), target, tok)
     msg = str(e.value)
-    assert "\n" not in msg and "step 3" in msg and "hidden states" in msg and "target_dtype" in msg, msg
+    assert "\n" not in msg and "step 3" in msg and "hidden states" in msg and "dtype=" in msg, msg
     assert not (tmp_path / "final").exists()
     assert [s for s, _ in complete_checkpoints(tmp_path)] == [1, 2]  # saved before the NaN, nothing after
     assert_checkpoints_finite(tmp_path)

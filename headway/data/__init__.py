@@ -12,7 +12,6 @@ Modules, one concern each:
 - ``encode``: ``headway tokenize`` (answers given, no generation);
 - ``features``: ``headway features``, ``target_features`` (online == offline) and ``FeatureStore``;
 - ``vocab``: token frequencies and the EAGLE-3 draft vocabulary;
-- ``targets``: ``resolve_target_path`` (``demo`` -> the demo target's folder).
 
 The command functions live in their modules (``headway.data.distill.distill``,
 ``headway.data.features.features``): re-exporting them here would shadow the modules.
@@ -31,14 +30,13 @@ if TYPE_CHECKING:
     from .features import FeaturesConfig, FeatureStore, target_features
     from .samples import Sample
     from .sources import read_samples
-    from .targets import resolve_target_path
     from .vocab import draft_vocab, load_token_counts, token_frequencies
 
 _EXPORTS = {"DistillConfig": "distill", "load_distilled": "distill", "TokenizeConfig": "encode",
             "tokenize_dataset": "encode", "tokenize_sample": "encode", "BadRowError": "errors",
             "ChatTemplateError": "errors", "DataError": "errors", "ResumeMismatchError": "errors",
             "FeaturesConfig": "features", "FeatureStore": "features", "target_features": "features",
-            "Sample": "samples", "read_samples": "sources", "resolve_target_path": "targets",
+            "Sample": "samples", "read_samples": "sources",
             "draft_vocab": "vocab", "load_token_counts": "vocab", "token_frequencies": "vocab"}
 __all__ = sorted(_EXPORTS)
 

@@ -20,17 +20,17 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..config import check_choice, opt
 from .errors import DataError, ResumeMismatchError
 from .generation import SamplingSettings, generate_batch, stop_token_ids
-from .plans import OVERLONG, PROMPT_FORMATS, Plan, fit_budget, make_plan
-from .shards import (atomic_path, check_settings, complete_shards, digest, owned_shards, read_json, remove_stale,
+from .configs import DistillConfig  # noqa: F401  (re-exported; light, for --help)
+from .plans import Plan, fit_budget, make_plan
+from ..publish import publish, publishing
+from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
 from .sources import SourceResult, read_samples
 
@@ -38,57 +38,6 @@ MANIFEST = "headway_distill.json"
 LOCK = ".lock"  # held (flock) by the process writing the folder; see output_lock
 SHARD_STATS = "shard.json"
 FORMAT = "headway-distilled"
-
-
-@dataclass
-class DistillConfig:
-    source: str = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations rows), "
-                           "a datasets folder, a Hub dataset name, demo:train / demo:heldout, or the built-in chat "
-                           "instructions chat:train / chat:heldout", positional=True)
-    output: str = opt("runs/distilled", "output folder (resumed if it holds shards of the same settings)")
-    target: str = opt("demo", "target model: a local folder, a Hub id, or 'demo' (build/reuse the demo target)")
-    revision: str | None = opt(None, "target revision (Hub targets)")
-    adapter: str | None = opt(None, "PEFT adapter folder to merge into the target")
-    dtype: str = opt("float32", "target dtype", choices=("float32", "bfloat16", "float16"))
-    device: str | None = opt(None, "device (default: the process's accelerate device)")
-    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
-    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
-                                     "user message); chat: always; raw: plain prompts as they are",
-                             choices=PROMPT_FORMATS)
-    stop_tokens: list[str] = opt(default_factory=list, help="extra tokens that end an answer (e.g. <|im_end|>)")
-    split: str = opt("train", "split of a datasets folder / Hub dataset")
-    limit: int | None = opt(None, "use only the first N prompts (demo sources: the number of prompts, default 256)")
-    prompt_tokens: int = opt(64, "demo sources: prompt length in tokens")
-    max_prompt_tokens: int = opt(1024, "prompts longer than this (in tokens) are dropped or truncated")
-    overlong: str = opt("drop", "what to do with a too-long prompt", choices=OVERLONG)
-    max_new_tokens: int = opt(256, "longest answer (tokens) per assistant turn")
-    temperature: float = opt(0.0, "sampling temperature; 0 = greedy")
-    top_p: float = opt(1.0, "nucleus sampling threshold (1 = off)")
-    top_k: int = opt(0, "top-k sampling (0 = off)")
-    seed: int = opt(0, "seed for sampling and the demo prompts")
-    batch_size: int = opt(8, "prompts per generate() call")
-    shard_size: int = opt(256, "prompts per shard (the unit of resumption)")
-    skip_bad_rows: bool = opt(False, "skip malformed rows (and report how many) instead of stopping")
-    overwrite: bool = opt(False, "delete the output folder first")
-
-    def __post_init__(self) -> None:
-        check_choices(self)
-        for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
-            if getattr(self, name) < 1:
-                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
-        self.sampling()  # validates the sampling settings
-
-    def sampling(self) -> SamplingSettings:
-        return SamplingSettings(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
-
-
-def check_choices(cfg: Any) -> None:
-    """Refuse values outside a field's ``choices`` (``opt(..., choices=...)`` only documents them)."""
-    import dataclasses
-
-    for f in dataclasses.fields(cfg):
-        if f.metadata.get("choices"):
-            check_choice(getattr(cfg, f.name), f.metadata["choices"], f.name)
 
 
 @dataclass
@@ -185,7 +134,7 @@ def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardSt
     from datasets import Dataset
 
     final = folder / shard_name(j)
-    with atomic_path(final) as tmp:
+    with publishing(final) as tmp:
         Dataset.from_list(rows, features=row_features()).save_to_disk(str(tmp))
         write_json(tmp / SHARD_STATS, asdict(stats))
     return final
@@ -204,7 +153,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     from .chat import load_chat_template
     from .progress import TokenProgress, console
     from .runtime import processes
-    from .targets import resolve_target_path
+    from ..target import resolve_target_path
 
     out = Path(cfg.output).expanduser()
     procs = processes(cfg.device)
@@ -393,7 +342,7 @@ def save_merged(ds: Any, out: Path) -> None:
     tmp = out / f".merged.tmp{os.getpid()}"
     ds.save_to_disk(str(tmp))
     for p in sorted(tmp.iterdir(), key=lambda p: p.name == "state.json"):
-        os.replace(p, out / p.name)
+        publish(p, out / p.name)
     tmp.rmdir()
 
 
@@ -424,8 +373,3 @@ def distill_cli(cfg: DistillConfig) -> int:
     distill(cfg)
     return 0
 
-
-if __name__ == "__main__":  # accelerate launch -m headway.data.distill ...
-    from ..cli import main
-
-    sys.exit(main(["distill", *sys.argv[1:]]))

@@ -39,9 +39,6 @@ class TokenizeConfig:
     overwrite: bool = opt(False, "delete the output folder first")
 
     def __post_init__(self) -> None:
-        from .distill import check_choices
-
-        check_choices(self)
         if self.max_length < 1:
             raise DataError(f"max_length must be >= 1, got {self.max_length}")
 
@@ -89,7 +86,7 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     from .progress import console, quiet_datasets
     from .shards import write_json
     from .sources import read_samples
-    from .targets import resolve_target_path
+    from ..target import resolve_target_path
     from .vocab import save_token_counts, token_frequencies
 
     start = time.perf_counter()

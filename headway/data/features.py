@@ -21,53 +21,23 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import os
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from torch import nn
 
-from ..config import opt
+from .configs import FeaturesConfig  # noqa: F401  (re-exported; light, for --help)
+from ..publish import publishing
 from .errors import DataError
 from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale, shard_name,
-                     shard_ranges, tmp_name, write_json)
+                     shard_ranges, write_json)
 
 MANIFEST = "features.json"
 FORMAT = "headway-features"
 SUFFIX = ".safetensors"
 STORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-@dataclass
-class FeaturesConfig:
-    dataset: str = opt(help="a distilled (or tokenized) dataset folder", positional=True)
-    output: str = opt("runs/features", "output folder (resumed if it holds shards of the same settings)")
-    layers: list[str] = opt(default_factory=lambda: ["final"],
-                            help="hidden states to store: 'final' (post-norm, Medusa/EAGLE-1), HF hidden_states "
-                                 "indices (e.g. 2 4 5), or 'eagle3' (2, L//2, L-3); training reads 'final' for "
-                                 "Medusa / EAGLE-1 and for every EAGLE kind's soft labels, so EAGLE-3 wants "
-                                 "'eagle3 final'")
-    store_dtype: str = opt("bfloat16", "dtype of the stored features", choices=tuple(STORE_DTYPES))
-    target: str | None = opt(None, "target model (default: the one that distilled the dataset); 'demo' works")
-    revision: str | None = opt(None, "target revision (Hub targets)")
-    adapter: str | None = opt(None, "PEFT adapter folder to merge into the target")
-    dtype: str = opt("float32", "dtype the target runs in", choices=("float32", "bfloat16", "float16"))
-    device: str | None = opt(None, "device (default: the process's accelerate device)")
-    batch_size: int = opt(8, "rows per forward pass")
-    shard_size: int = opt(512, "rows per shard (the unit of resumption)")
-    limit: int | None = opt(None, "use only the first N rows of the dataset")
-    overwrite: bool = opt(False, "delete the output folder first")
-
-    def __post_init__(self) -> None:
-        from .distill import check_choices
-
-        check_choices(self)
-        for name in ("batch_size", "shard_size"):
-            if getattr(self, name) < 1:
-                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 # ---------------------------------------------------------------- layer specs
@@ -181,10 +151,9 @@ def write_feature_shard(folder: Path, j: int, tensors: dict[str, torch.Tensor]) 
     from safetensors.torch import save_file
 
     final = folder / shard_name(j, SUFFIX)
-    tmp = tmp_name(final)
     meta = {"rows": str(tensors["index"].numel()), "tokens": str(tensors["input_ids"].numel())}
-    save_file(tensors, str(tmp), metadata=meta)
-    os.replace(tmp, final)
+    with publishing(final) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
     return final
 
 
@@ -199,7 +168,7 @@ def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
     from .distill import MANIFEST as DISTILL_MANIFEST, load_distilled, output_lock, prepare_output
     from .progress import TokenProgress, console
     from .runtime import processes
-    from .targets import resolve_target_path
+    from ..target import resolve_target_path
 
     out = Path(cfg.output).expanduser()
     data_path = Path(cfg.dataset).expanduser().resolve()
@@ -383,8 +352,3 @@ def features_cli(cfg: FeaturesConfig) -> int:
     features(cfg)
     return 0
 
-
-if __name__ == "__main__":  # accelerate launch -m headway.data.features ...
-    from ..cli import main
-
-    sys.exit(main(["features", *sys.argv[1:]]))

@@ -9,15 +9,14 @@ depend on the number of processes, so a run may resume with a different one.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
+from ..publish import write_text
 from .errors import ResumeMismatchError
 
 SHARD_RE = re.compile(r"^shard-(\d{5})(\.[a-z]+)?$")
@@ -56,25 +55,8 @@ def remove_stale(folder: Path, shards: list[int]) -> None:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
-def tmp_name(final: Path) -> Path:
-    return final.with_name(f"{final.name}.tmp{os.getpid()}")
-
-
-@contextlib.contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``final``; rename it to ``final`` if the block succeeds."""
-    tmp = tmp_name(final)
-    try:
-        yield tmp
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
-
-
 def write_json(path: Path, data: Any) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def read_json(path: Path) -> Any:

@@ -258,7 +258,7 @@ def _hub_rows(name: str, split: str) -> Iterator[dict[str, Any]]:
 
 def demo_samples(split: str, n: int, prompt_tokens: int, tokenizer: Any, seed: int) -> list[Sample]:
     """Code prefixes from the demo target's train / held-out stdlib files, as plain prompts."""
-    from ..demo_target import demo_prompts  # lazy: the demo target module is heavy and optional
+    from .stdlib_corpus import demo_prompts
 
     if tokenizer is None:
         raise DataError("demo prompt sources need the target's tokenizer")

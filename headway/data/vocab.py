@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..publish import publishing
 from .errors import DataError
 
 COUNTS_FILE = "token_counts.safetensors"
@@ -55,10 +56,9 @@ def save_token_counts(folder: str | Path, counts: torch.Tensor) -> Path:
     from safetensors.torch import save_file
 
     path = Path(folder) / COUNTS_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({"counts": counts.to(torch.int64).contiguous()}, str(tmp),
-              metadata={"what": "token frequencies over loss-masked tokens"})
-    tmp.replace(path)
+    with publishing(path) as tmp:
+        save_file({"counts": counts.to(torch.int64).contiguous()}, str(tmp),
+                  metadata={"what": "token frequencies over loss-masked tokens"})
     return path
 
 

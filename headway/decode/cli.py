@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import opt
+from ..target import TargetArgs
 from .args import check_decode_args
 
 
 @dataclass
-class GenerateConfig:
-    target: str = opt(help="target model: a folder, a Hub id, or 'demo' for the demo target")
+class GenerateConfig(TargetArgs):
+    target: str = opt(help="target model: a folder, a Hub id, or 'demo' for the demo target", kw_only=True)
     heads: str = opt(help="heads checkpoint: a folder or a Hub id")
     prompt: str = opt("", "the prompt (plain text; chat targets get their chat template with --chat)")
     max_new_tokens: int = opt(128, "tokens to generate at most")
@@ -26,9 +27,6 @@ class GenerateConfig:
     stop: list[str] = opt(default_factory=list, help="stop strings")
     stream: bool = opt(False, "print tokens as they are accepted")
     chat: bool = opt(False, "apply the tokenizer's chat template to the prompt")
-    dtype: str = opt("float32", "target dtype (float32 | bfloat16 | float16)")
-    device: str | None = opt(None, "device (default: cuda if available, else cpu)")
-    adapter: str | None = opt(None, "PEFT adapter to merge into the target (Medusa-2); default: the one the heads record")
     typical: bool = opt(False, "LOSSY: Medusa's typical acceptance when sampling (faster; output no longer "
                                "follows the target's distribution)")
     posterior_threshold: float = opt(0.09, "typical acceptance: probability threshold (epsilon)")
@@ -41,15 +39,13 @@ class GenerateConfig:
 
 
 @dataclass
-class ChatConfig:
-    target: str = opt(help="target model: a folder, a Hub id, or 'demo'")
+class ChatConfig(TargetArgs):
+    target: str = opt(help="target model: a folder, a Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint: a folder or a Hub id")
     max_new_tokens: int = opt(256, "tokens per reply at most")
     temperature: float = opt(0.0, "0 = greedy")
     top_p: float = opt(1.0, "nucleus sampling mass")
     tree: str | None = opt(None, "tree shape (see headway generate --help)")
-    dtype: str = opt("float32", "target dtype")
-    device: str | None = opt(None, "device")
 
     def __post_init__(self) -> None:
         check_decode_args(self.max_new_tokens, self.temperature, self.top_p)
@@ -72,7 +68,7 @@ def adapter_note(adapter: Any) -> str:
 
 def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: str | None, adapter: str | None = None,
                 typical: tuple[float, float] | None = None):
-    from ..data.targets import resolve_target_path
+    from ..target import resolve_target_path
     from .speculator import Speculator
 
     spec = Speculator.from_pretrained(resolve_target_path(target), heads, tree=tree, dtype=dtype, device=device,
@@ -116,7 +112,7 @@ def generate_cli(cfg: GenerateConfig) -> int:
 
         stats = GenerationStats()
         steps = spec.stream(ids, stats=stats, **kw)
-        for piece in spec._text_stream(steps, cfg.stop):
+        for piece in spec.text_stream(steps, cfg.stop):
             sys.stdout.write(piece)
             sys.stdout.flush()
         print()
@@ -131,7 +127,7 @@ def generate_cli(cfg: GenerateConfig) -> int:
 
 
 def chat_cli(cfg: ChatConfig) -> int:
-    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device)
+    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter)
     has_template = bool(getattr(spec.tokenizer, "chat_template", None))
     history: list[dict] = []
     print("headway chat: empty line or Ctrl-D to quit" + ("" if has_template else

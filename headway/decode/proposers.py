@@ -1,7 +1,8 @@
 """Proposers: the draft side of a decode step, one per head kind.
 
 Each proposer is told what the target accepted (tokens and the target's hidden states at those
-positions) and then answers the tree builder's questions (``root_logprobs``, ``expand``).
+positions) and then answers the tree builder's questions (``root_logprobs``, ``expand``): the
+``Proposer`` protocol of ``shapes.py``, which both classes here satisfy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads
 from ..heads.layers import DraftCache, causal_mask
 from ..heads.metadata import calibration_temperatures
+from .shapes import Proposer
 
 
 def hidden_index(layer: int, num_layers: int) -> int:
@@ -51,7 +53,7 @@ class MedusaProposer:
     def end_tree(self) -> None:
         pass
 
-    def fork(self) -> "MedusaProposer":
+    def fork(self) -> MedusaProposer:
         return copy.copy(self)  # state is replaced, never mutated in place
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
@@ -137,7 +139,7 @@ class EagleProposer:
     def end_tree(self) -> None:
         self.cache.crop(self.base)
 
-    def fork(self) -> "EagleProposer":
+    def fork(self) -> EagleProposer:
         twin = copy.copy(self)
         twin.cache = copy.copy(self.cache)  # append/crop rebuild tensors, never write into them
         return twin
@@ -146,8 +148,7 @@ class EagleProposer:
         return self.drafter.draft_to_target_ids(draft_ids)
 
 
-def make_proposer(heads: HeadsBase, max_depth: int | None = None,
-                  calibrate: bool = True) -> MedusaProposer | EagleProposer:
+def make_proposer(heads: HeadsBase, max_depth: int | None = None, calibrate: bool = True) -> Proposer:
     """The heads' proposer; with ``calibrate`` it carries the heads' calibration temperatures
     (``metadata["calibration"]``, none when absent), which rank dynamic-tree nodes."""
     temps = calibration_temperatures(heads.metadata) if calibrate else None

@@ -22,7 +22,7 @@ never changes what verification emits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -63,15 +63,44 @@ MC_SIM_7B_63: list[tuple[int, ...]] = [
 ]
 
 
+@runtime_checkable
 class Proposer(Protocol):
-    max_depth: int | None
-    # optional ``temperatures: Sequence[float] | None``: calibration per draft depth (module docstring)
+    """The draft side of a decode step (``decode/proposers.py``: ``MedusaProposer``,
+    ``EagleProposer``), as ``Speculator`` and the tree builders drive it.
+
+    Per generation: ``prefill`` once, then each step the builders ask ``root_logprobs`` /
+    ``expand`` / ``to_target_ids`` (module docstring), ``end_tree`` drops what drafting the tree
+    left behind, and ``accept`` is told what the target accepted. ``fork`` is an independent twin
+    (a copy of the generation's draft state; the heads are shared)."""
+
+    max_depth: int | None  # deepest draft the proposer can make (Medusa: its heads; None: no limit)
+    draft_vocab_size: int | None  # rows of the draft logprobs (None: the target's vocabulary)
+    feature_layers: list[int]  # target hidden states it reads (-1: the final post-norm state)
+    temperatures: Sequence[float] | None  # calibration per draft depth, depth 1 first (module docstring)
+
+    def prefill(self, input_ids: torch.Tensor, features: list[torch.Tensor], first_token: torch.Tensor) -> None:
+        """input_ids (1, n) the prompt; features [(1, n, H)] the target's states at it, one per
+        ``feature_layers``; first_token (1,) the target's token after the prompt (the first root)."""
+        ...
+
+    def accept(self, tokens: torch.Tensor, features: list[torch.Tensor], start: int) -> None:
+        """tokens (m+2,): the accepted path (root first) then the bonus token; features [(m+1, H)]
+        the target's states at the path; start: the target position of the root."""
+        ...
 
     def root_logprobs(self) -> torch.Tensor: ...
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor: ...
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def end_tree(self) -> None:
+        """The tree is built: forget its nodes (the next step's ``accept`` brings the real ones)."""
+        ...
+
+    def fork(self) -> Proposer:
+        """An independent copy of this generation's draft state (``Speculator.fork``)."""
+        ...
 
 
 @dataclass

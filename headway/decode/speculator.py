@@ -24,8 +24,8 @@ from .kv import keep_accepted
 from .proposers import EagleProposer, hidden_index, make_proposer
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
                        verify_typical)
-from .shapes import (DraftTree, DynamicShape, StaticShape, TreeShape, build_sampled_chain, build_tree, chain, is_chain,
-                     parse_shape)
+from .shapes import (DraftTree, DynamicShape, Proposer, StaticShape, TreeShape, build_sampled_chain, build_tree, chain,
+                     is_chain, parse_shape)
 from .tree import additive_mask
 from .verify import Verdict, verify_greedy
 
@@ -79,7 +79,7 @@ class DecodeState:
     """Everything one generation carries from step to step."""
 
     cache: DynamicCache  # the target's KV cache: ``length`` entries
-    proposer: Any  # per-generation draft state (MedusaProposer / EagleProposer)
+    proposer: Proposer  # per-generation draft state (MedusaProposer / EagleProposer)
     emitted: list[int]  # tokens generated so far; the last one is the next tree's root
     length: int
 
@@ -168,7 +168,7 @@ class Speculator:
         return spec
 
     @staticmethod
-    def _default_tree(tree: TreeShape | str | None, proposer: Any) -> TreeShape:
+    def _default_tree(tree: TreeShape | str | None, proposer: Proposer) -> TreeShape:
         if isinstance(tree, str):
             tree = parse_shape(tree)
         if tree is None:
@@ -244,7 +244,7 @@ class Speculator:
         return self._shape_cache[key]
 
     # -- the loop -----------------------------------------------------------------------------
-    def new_proposer(self) -> Any:
+    def new_proposer(self) -> Proposer:
         """Per-generation draft state (the heads are shared)."""
         return make_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
 
@@ -403,7 +403,7 @@ class Speculator:
         stats = GenerationStats()
         steps = self.stream(prompt, max_new_tokens, temperature, top_p, top_k, stop, seed, chat, stats)
         if stream:
-            return self._text_stream(steps, stop)
+            return self.text_stream(steps, stop)
         ids: list[int] = []
         for new in steps:
             ids += new
@@ -414,7 +414,7 @@ class Speculator:
             text = text[: min(cut)] if cut else text
         return GenerationOutput(ids, text, stats)
 
-    def _text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
+    def text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
         ids: list[int] = []
         shown = 0
         for new in steps:

@@ -7,11 +7,12 @@ from typing import TYPE_CHECKING
 from ..lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .base import HeadsBase, HeadsError, load_heads
+    from .base import HeadsBase, HeadsError
+    from .load import load_heads
     from .eagle import Eagle1Config, Eagle1Drafter, Eagle3Config, Eagle3Drafter, default_aux_layers
     from .medusa import MedusaConfig, MedusaHeads
 
-_EXPORTS = {"HeadsBase": "base", "HeadsError": "base", "load_heads": "base", "MedusaConfig": "medusa",
+_EXPORTS = {"HeadsBase": "base", "HeadsError": "base", "load_heads": "load", "MedusaConfig": "medusa",
             "MedusaHeads": "medusa", "Eagle1Config": "eagle", "Eagle1Drafter": "eagle", "Eagle3Config": "eagle",
             "Eagle3Drafter": "eagle", "default_aux_layers": "eagle"}
 __all__ = list(_EXPORTS)

@@ -9,27 +9,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from .. import __version__
-from ..config import ConfigError, from_dict, read_json_object
-from ..errors import HeadwayError
+from ..config import ConfigError, from_dict
+from ..publish import publishing
 from ..target import TargetInfo
+from .files import (HeadsError, check_finite, read_config, read_tensors,  # noqa: F401  (re-exported)
+                    resolve_checkpoint)
 
 TOKENIZER_KEY = "tokenizer_fingerprint"  # metadata entry: tokenizer_fingerprint() of the training target's tokenizer
-
-
-class HeadsError(HeadwayError):
-    """A head checkpoint cannot be saved or loaded as asked."""
 
 
 class HeadsBase(nn.Module):
@@ -104,26 +99,13 @@ class HeadsBase(nn.Module):
         path = Path(path)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         check_finite(tensors, f"refusing to save {self.kind} heads to {path}")  # a diverged run must not publish
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-        try:
+        with publishing(path, folder=True) as tmp:
             save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "kind": self.kind})
             (tmp / "config.json").write_text(json.dumps(self.config_dict(), indent=2) + "\n")
             if card:
                 from .card import model_card
 
                 (tmp / "README.md").write_text(model_card(self.config_dict()))
-            publish_mode(tmp)
-            if path.exists():
-                old = path.with_name(f".{path.name}.old")
-                shutil.rmtree(old, ignore_errors=True)
-                os.rename(path, old)
-                os.rename(tmp, path)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         return path
 
     @classmethod
@@ -147,7 +129,28 @@ class HeadsBase(nn.Module):
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, target: nn.Module | None = None,
                         revision: str | None = None, tokenizer: Any = None) -> "HeadsBase":
-        return load_heads(name_or_path, target=target, revision=revision, expected=cls, tokenizer=tokenizer)
+        """Load a checkpoint of this kind (``heads.load_heads`` loads any kind)."""
+        path = resolve_checkpoint(name_or_path, revision)
+        return cls.from_folder(path, read_config(path), target, tokenizer)
+
+    @classmethod
+    def from_folder(cls, path: Path, cfg: dict[str, Any], target: nn.Module | None = None,
+                    tokenizer: Any = None) -> "HeadsBase":
+        """The heads of the checkpoint folder ``path`` whose ``config.json`` is ``cfg``; with
+        ``target`` given, check it (and ``tokenizer``) and attach."""
+        if cfg["kind"] != getattr(cls, "kind", None):
+            raise HeadsError(f"{path} holds '{cfg['kind']}' heads, not '{getattr(cls, 'kind', cls.__name__)}'")
+        heads = cls._from_config_dict(cfg, str(path / "config.json"))
+        weights = path / "model.safetensors"
+        tensors = read_tensors(weights)
+        check_finite(tensors, str(weights))
+        load_state_strict(heads, tensors, str(weights))
+        if target is not None:
+            heads.attach(target, tokenizer)
+            heads.to(device=next(target.parameters()).device)
+        else:
+            heads.check_tokenizer(tokenizer)
+        return heads.eval()
 
     def push_to_hub(self, repo_id: str, private: bool = False, revision: str | None = None,
                     token: str | None = None, license: str | None = None) -> str:
@@ -213,35 +216,6 @@ class DraftVocab:
         return torch.where(ids >= 0, lookup[ids.clamp(min=0)], torch.full_like(ids, missing))
 
 
-def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None) -> Path:
-    """A local folder, or a Hub repo id resolved through huggingface_hub (the cache works offline)."""
-    p = Path(name_or_path).expanduser()
-    if p.is_dir():
-        return p
-    s = str(name_or_path)
-    if s.startswith((".", "/", "~")) or s.count("/") != 1:
-        raise HeadsError(f"heads checkpoint not found: '{s}' is not a folder and not a Hub repo id (org/name)")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(s, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.md"]))
-    except Exception as e:  # offline, missing repo, no network: say which in one line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise HeadsError(f"cannot fetch heads '{s}' from the Hub: {first}") from None
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    f = path / "config.json"
-    if not f.is_file():
-        raise HeadsError(f"{path} has no config.json; is it a headway heads checkpoint?")
-    cfg = read_json_object(f, HeadsError)
-    if "kind" not in cfg:
-        raise HeadsError(f"{f} has no 'kind'; not a headway checkpoint (use `headway import` for reference formats)")
-    if not isinstance(cfg["kind"], str):
-        raise HeadsError(f"{f}: 'kind' must be a string, got {cfg['kind']!r}")
-    return cfg
-
-
 def check_tokenizer(metadata: dict[str, Any], tokenizer: Any, what: str = "heads") -> None:
     """Refuse a tokenizer whose fingerprint differs from the one in the heads' ``metadata``, naming
     both. Heads saved before fingerprints existed (none recorded), or no tokenizer, pass."""
@@ -257,41 +231,6 @@ def check_tokenizer(metadata: dict[str, Any], tokenizer: Any, what: str = "heads
                          "(and tokenizer) the heads were trained for")
 
 
-def read_tensors(f: Path, error: type[HeadwayError] = HeadsError) -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors; a missing, empty, truncated or foreign file is one ``error``
-    line naming the file (safetensors' own error names neither the file nor the likely cause)."""
-    if not f.is_file():
-        raise error(f"{f.parent} has no {f.name}")
-    if f.stat().st_size == 0:
-        raise error(f"{f}: the file is empty (an interrupted save or download?)")
-    try:
-        return load_file(str(f))
-    except OSError as e:
-        raise error(f"{f}: cannot read ({e.strerror or type(e).__name__})") from None
-    except SafetensorError as e:
-        why = " ".join(str(e).split()).removeprefix("Error while deserializing header: ")
-        raise error(f"{f}: not a readable safetensors file ({why}); it is probably truncated or corrupt") from None
-
-
-def check_finite(tensors: dict[str, torch.Tensor], where: str, error: type[HeadwayError] = HeadsError) -> None:
-    """Refuse weights holding NaN or Inf, naming the tensor: they would draft garbage silently."""
-    for name, t in tensors.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
-            raise error(f"{where}: tensor '{name}' has {nan} NaN and {inf} infinite values of {t.numel()}")
-
-
-def publish_mode(folder: Path) -> None:
-    """Give a ``tempfile.mkdtemp`` folder (always drwx------) and the files in it the modes a plain
-    mkdir / open would have, before it is renamed into place: published heads are as readable as
-    any other output. (safetensors writes its files -rw------- too.)"""
-    mask = os.umask(0o022)  # reading the umask means setting it; restored at once
-    os.umask(mask)
-    os.chmod(folder, 0o777 & ~mask)
-    for p in folder.rglob("*"):
-        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
-
-
 def load_state_strict(module: nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
     own = module.state_dict()
     missing = sorted(set(own) - set(tensors))
@@ -303,34 +242,3 @@ def load_state_strict(module: nn.Module, tensors: dict[str, torch.Tensor], where
         if own[k].shape != v.shape:
             raise HeadsError(f"{where}: tensor '{k}' has shape {tuple(v.shape)}, expected {tuple(own[k].shape)}")
     module.load_state_dict(tensors, strict=True)
-
-
-def heads_class(kind: str) -> type[HeadsBase]:
-    from .eagle import Eagle1Drafter, Eagle3Drafter
-    from .medusa import MedusaHeads
-
-    classes = {c.kind: c for c in (MedusaHeads, Eagle1Drafter, Eagle3Drafter)}
-    if kind not in classes:
-        raise HeadsError(f"unknown heads kind '{kind}'; known: {', '.join(classes)}")
-    return classes[kind]
-
-
-def load_heads(name_or_path: str | Path, target: nn.Module | None = None, revision: str | None = None,
-               expected: type[HeadsBase] | None = None, tokenizer: Any = None) -> HeadsBase:
-    """Load any headway checkpoint; with ``target`` given, check it (and ``tokenizer``) and attach."""
-    path = resolve_checkpoint(name_or_path, revision)
-    cfg = read_config(path)
-    cls = heads_class(cfg["kind"])
-    if expected is not None and expected is not HeadsBase and cls is not expected:
-        raise HeadsError(f"{path} holds '{cfg['kind']}' heads, not '{expected.kind}'")
-    heads = cls._from_config_dict(cfg, str(path / "config.json"))
-    weights = path / "model.safetensors"
-    tensors = read_tensors(weights)
-    check_finite(tensors, str(weights))
-    load_state_strict(heads, tensors, str(weights))
-    if target is not None:
-        heads.attach(target, tokenizer)
-        heads.to(device=next(target.parameters()).device)
-    else:
-        heads.check_tokenizer(tokenizer)
-    return heads.eval()

@@ -26,7 +26,6 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ABSOLUTE = re.compile(r"^(?:/|~|[A-Za-z]:[\\/]|\\\\)")  # POSIX, home, Windows drive or UNC
 LOCAL_HEADS = "path/to/these/heads"  # the saved card's name for the heads; push puts the repo id there
 OTHER_LICENSE = "other"
-DEMO_LICENSE = "apache-2.0"  # the demo target is headway's own (trained here on the stdlib source)
 
 
 def is_hub_id(name: str | None) -> bool:
@@ -73,8 +72,7 @@ def target_view(name_or_path: str | None) -> TargetView:
         return TargetView("a causal LM", "path/to/target", None, None)
     if is_hub_id(name_or_path):
         return TargetView(name_or_path, name_or_path, name_or_path, None)
-    from ..build_config import PRESETS
-    from ..named_targets import NAMED_TARGETS
+    from ..target import DEMO_LICENSE, DEMO_PRESETS, NAMED_TARGETS
 
     label = last_component(name_or_path)
     in_cache = _pure(name_or_path).parent.name == "targets"  # built by headway: <cache>/targets/<name>
@@ -84,7 +82,7 @@ def target_view(name_or_path: str | None) -> TargetView:
             return TargetView(label, spec.name, None, license,
                               f"headway's named target `{spec.name}`: {spec.model}, converted from the GGUF of the "
                               f"`{spec.package}` {spec.version} wheel (`headway target build {spec.name}`)")
-    if name_or_path == "demo" or in_cache and label.split("-")[0] in PRESETS:
+    if name_or_path == "demo" or in_cache and label.split("-")[0] in DEMO_PRESETS:
         load_as = "demo" if label == "demo" or label.startswith("demo-") else f"path/to/{label}"
         return TargetView(label, load_as, None, DEMO_LICENSE,
                           "headway's demo target, a small Llama trained on the Python standard library's source "

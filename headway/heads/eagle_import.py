@@ -39,19 +39,10 @@ AUX_CONVENTIONS = ("sglang", "hf")
 
 def resolve_reference(name_or_path: str | Path, revision: str | None = None) -> Path:
     """A local folder, or a Hub repo id fetched through huggingface_hub (its cache works offline)."""
-    p = Path(name_or_path).expanduser()
-    if p.is_dir():
-        return p
-    s = str(name_or_path)
-    if s.startswith((".", "/", "~")) or s.count("/") != 1:
-        raise HeadsError(f"EAGLE checkpoint not found: '{s}' is not a folder and not a Hub repo id (org/name)")
-    from huggingface_hub import snapshot_download
+    from ..target import resolve_folder
 
-    try:
-        return Path(snapshot_download(s, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.bin"]))
-    except Exception as e:  # offline, missing repo: one line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise HeadsError(f"cannot fetch '{s}' from the Hub: {first}") from None
+    return resolve_folder(name_or_path, revision, allow_patterns=["*.json", "*.safetensors", "*.bin"],
+                          what="EAGLE checkpoint", error=HeadsError)
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -75,7 +66,7 @@ def _load_st(f: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_bin(f: Path) -> dict[str, torch.Tensor]:
-    from .importers import read_tensors  # weights-only reader shared with the Medusa importer
+    from .files import read_reference_tensors as read_tensors  # weights-only reader shared with the Medusa importer
 
     return read_tensors(f)
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .export import Export, ExportError, Spec, _provenance, eagle3_spec, engine_aux_layers, llama_config
+from .export_layouts import Export, ExportError, Spec, _provenance, eagle3_spec, engine_aux_layers, llama_config
 
 SPECULATIVE_TOKENS = 3  # the default draft length written into proposal_methods
 LAYER_PREFIX = "layers.0."

@@ -114,7 +114,7 @@ def folder_config(folder: Path) -> dict:
     """config.json of a native checkpoint (``kind``) or of a ``headway export`` (its ``headway``
     block); any other folder is refused."""
     from ..config import read_json_object
-    from .base import read_config
+    from .files import read_config
 
     f = folder / "config.json"
     cfg = read_json_object(f, HubError) if f.is_file() else {}
@@ -153,7 +153,7 @@ def push_heads(heads: str | Path, repo_id: str, private: bool = False, revision:
     folder = Path(heads).expanduser()
     if not folder.is_dir():
         raise HubError(f"heads folder not found: {folder}")
-    from .base import check_finite, read_tensors
+    from .files import check_finite, read_tensors
 
     cfg = folder_config(folder)  # a headway checkpoint or export, not any folder
     check_publishable(cfg, folder)

@@ -29,6 +29,7 @@ from torch import nn
 from ..config import check_choice
 from ..target import TargetInfo
 from .base import HeadsBase, HeadsError, load_state_strict
+from .files import read_reference_tensors as read_tensors
 from .configs import ImportConfig  # noqa: F401  (re-exported; light, for --help)
 from .medusa import MedusaConfig, MedusaHeads
 
@@ -38,41 +39,17 @@ _PROJ = re.compile(r"^(\d+)\.(\d+)\.weight$")
 
 
 def _medusa_file(path_or_file: str | Path) -> Path:
+    from ..target import resolve_folder
+
     p = Path(path_or_file).expanduser()
     if p.is_file():
         return p
-    if p.is_dir():
-        for name in MEDUSA_FILES:
-            if (p / name).is_file():
-                return p / name
-        raise HeadsError(f"{p} has no {' or '.join(MEDUSA_FILES)}; is it a FasterDecoding Medusa checkpoint?")
-    s = str(path_or_file)
-    if s.startswith((".", "/", "~")) or s.count("/") != 1:
-        raise HeadsError(f"Medusa checkpoint not found: '{s}' is not a file, a folder or a Hub repo id (org/name)")
-    from huggingface_hub import snapshot_download
-
-    try:
-        return _medusa_file(snapshot_download(s, allow_patterns=["medusa_lm_head.*", "*.json"]))
-    except HeadsError:
-        raise
-    except Exception as e:  # offline, missing repo: one line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise HeadsError(f"cannot fetch '{s}' from the Hub: {first}") from None
-
-
-def read_tensors(f: Path) -> dict[str, torch.Tensor]:
-    """A flat dict of tensors from .safetensors, or from .pt/.bin read weights-only."""
-    if f.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(f))
-    try:
-        sd = torch.load(str(f), map_location="cpu", weights_only=True)
-    except Exception as e:  # pickled code, not plain tensors
-        raise HeadsError(f"{f}: cannot read as plain tensors (weights_only=True): {str(e).splitlines()[0]}") from None
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise HeadsError(f"{f} is not a flat dict of tensors")
-    return sd
+    folder = resolve_folder(path_or_file, allow_patterns=["medusa_lm_head.*", "*.json"], what="Medusa checkpoint",
+                            error=HeadsError)
+    for name in MEDUSA_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise HeadsError(f"{folder} has no {' or '.join(MEDUSA_FILES)}; is it a FasterDecoding Medusa checkpoint?")
 
 
 def medusa_layout(tensors: dict[str, torch.Tensor], where: str) -> tuple[int, int, bool]:
@@ -230,7 +207,7 @@ def import_heads(path: str | Path, target: nn.Module | None = None, fmt: str = "
 def import_cli(cfg: ImportConfig) -> int:
     target: Any = None
     if cfg.target:
-        from ..data.targets import resolve_target_path
+        from ..target import resolve_target_path
         from ..target import load_target
 
         target, _ = load_target(resolve_target_path(cfg.target), device="cpu")

@@ -26,6 +26,23 @@ def read_metadata(heads_dir: str | Path) -> dict[str, Any]:
     return dict(meta)
 
 
+def update_metadata(heads_dir: str | Path, entries: dict[str, Any]) -> dict[str, Any]:
+    """Set ``entries`` in the checkpoint's ``metadata`` (other keys kept) and publish the new
+    ``config.json`` atomically; returns the metadata now on disk."""
+    import json
+
+    from ..publish import write_text
+    from .base import read_config
+
+    path = Path(heads_dir).expanduser()
+    cfg = read_config(path)
+    meta = dict(read_metadata(path))
+    meta.update(entries)
+    cfg["metadata"] = meta
+    write_text(path / "config.json", json.dumps(cfg, indent=2) + "\n")
+    return meta
+
+
 def adapter_dir(heads_dir: str | Path, metadata: dict[str, Any] | None = None) -> Path | None:
     """The adapter folder the checkpoint at ``heads_dir`` needs on its target (Medusa-2), or None.
     ``metadata``: the checkpoint's, when already read (saves reading config.json again)."""

@@ -121,17 +121,42 @@ def medusa_calibration_sums(head_logits: Tensor, labels: Tensor, ignore_index: i
 
 
 @torch.no_grad()
+def teacher_forced_sums(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, start: Tensor,
+                        depth: int) -> tuple[Tensor, dict[str, Tensor]]:
+    """Step j (depth j+1) fed the data's tokens and the drafter's own features, at chain starts:
+    (top-1 hits on the data's token (depth,), the ``calib_*`` calibration sums against it)."""
+    from .ttt import shift_left, unroll
+
+    data_next = shift_left(input_ids, 1)  # (B, T) x_{s+1}
+    hits, per_depth = [], []
+    for j, (_, logits) in enumerate(unroll(drafter, input_ids, hidden, depth)):
+        label = shift_left(data_next, j + 1)  # (B, T) the token step j predicts
+        ok = drafter.to_target_ids(logits.argmax(-1)) == label
+        hits.append((ok & start).sum())
+        per_depth.append(depth_sums(logits[start], eagle_logit_ids(drafter, label[start])))  # one depth at a time
+    return torch.stack(hits).float(), stack_depths(per_depth)
+
+
+def eagle_calibration_sums(drafter: nn.Module, tb: Any, hidden: Tensor, depth: int) -> dict[str, Tensor]:
+    """The calibration sums of ``eval_sums`` alone (``fit_calibration``): chain starts as there."""
+    from .ttt import label_mask
+
+    start = torch.ones_like(tb.input_ids, dtype=torch.bool)
+    for j in range(depth):
+        start &= label_mask(tb.loss_mask, j + 2)
+    return teacher_forced_sums(drafter, tb.input_ids, hidden, start, depth)[1]
+
+
+@torch.no_grad()
 def heads_calibration_sums(heads: nn.Module, tb: Any, depth: int) -> dict[str, Tensor]:
     """The ``calib_*`` sums of any head kind on a ``TargetBatch``, as its eval stats compute them."""
     from ..heads import MedusaHeads
     from .losses import IGNORE_INDEX, medusa_labels
-    from .tasks import in_draft_vocab
+    from .draft_vocab import in_draft_vocab
 
     if isinstance(heads, MedusaHeads):
         labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)
         return medusa_calibration_sums(heads(tb.hidden[-1]), in_draft_vocab(heads, labels, missing=-1), IGNORE_INDEX)
-    from .eagle import eagle_calibration_sums
-
     return eagle_calibration_sums(heads, tb, heads.fuse([tb.hidden[i] for i in heads.feature_layers]), depth)
 
 
@@ -139,7 +164,7 @@ def calibration_rows(data: str | Path, layers: Sequence[int], max_rows: int | No
     """Rows of a distilled dataset (Arrow) or of a features folder, at most ``max_rows``."""
     from ..data.features import MANIFEST, FeatureStore
     from .batch import stored_keys
-    from .loop import FeatureRows, load_rows
+    from .rows import FeatureRows, load_rows
 
     path = Path(data).expanduser()
     if (path / MANIFEST).is_file():
@@ -158,7 +183,7 @@ def fit_calibration(heads: nn.Module, target: nn.Module, data: str | Path, depth
     ``calibration_metadata`` with ``summary`` (the per-depth numbers) added. ``depth``: EAGLE chain
     steps measured (Medusa: one per head)."""
     from .batch import collate, collate_features, stored_batch, target_batch
-    from .loop import FeatureRows
+    from .rows import FeatureRows
 
     layers = [-1] if not hasattr(heads, "feature_layers") else list(heads.feature_layers)
     rows = calibration_rows(data, layers, max_rows)

@@ -5,13 +5,13 @@ which run the folder belongs to."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from ..errors import HeadwayError
+from ..publish import publish, umask_mode, write_text
 from .metrics import json_safe
 
 STATE = "trainer_state.json"  # written last, inside the .tmp folder, before the rename
@@ -76,9 +76,7 @@ def save_checkpoint(accelerator: Any, output_dir: str | Path, step: int, state: 
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / STATE).write_text(json.dumps(json_safe({**state, "step": step}), indent=2, allow_nan=False) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        publish(tmp, final)  # a fixed temp name (not publishing()'s per-pid one): every process saved into it
         prune(output_dir, keep)
     accelerator.wait_for_everyone()
     return final
@@ -116,11 +114,7 @@ def run_difference(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 def write_run(output_dir: str | Path, run: dict[str, Any]) -> None:
     """Claim ``output_dir`` for this run (temp file + rename: never a half-written run.json)."""
-    path = Path(output_dir) / RUN_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{RUN_FILE}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(json_safe({"run": run}), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    write_text(Path(output_dir) / RUN_FILE, json.dumps(json_safe({"run": run}), indent=2, allow_nan=False) + "\n")
 
 
 def clear_run(output_dir: str | Path) -> None:
@@ -134,16 +128,9 @@ def clear_run(output_dir: str | Path) -> None:
             p.unlink()
 
 
-def umask_mode() -> int:
-    """The mode a plain ``mkdir`` gives under this process's umask (0o777 & ~umask)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o777 & ~mask
-
-
 def publish_dirs(root: Path) -> None:
     """Give ``root`` and every folder under it the umask's mode: a folder made by
     ``tempfile.mkdtemp`` (written, then renamed into place) is private (0o700) otherwise."""
-    mode = umask_mode()
+    mode = umask_mode(folder=True)
     for d in [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]:
         d.chmod(mode)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..config import ConfigError, check_choice, opt
+from ..target import TargetArgs
 
 KINDS = ("medusa", "medusa2", "eagle1", "eagle3")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -133,12 +134,9 @@ class EagleOptions:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(TargetArgs):
     kind: str = opt("medusa", "what to train: medusa (Medusa-1, frozen target), medusa2 (heads + LoRA on the "
                               "target), eagle1, eagle3", choices=KINDS)
-    target: str = opt("demo", "target model: a local HF folder or Hub id (from the HF cache offline); "
-                              "'demo' = the cached demo target")
-    target_dtype: str = opt("float32", "dtype the frozen target is loaded in (float32, bfloat16, float16)")
     data: str = opt("", "distilled dataset folder (datasets Arrow with input_ids and loss_mask)")
     eval_data: str | None = opt(None, "held-out distilled dataset; None = split eval_fraction off `data`")
     eval_fraction: float = opt(0.05, "fraction of `data` (or of `features`' rows) held out for evaluation when "

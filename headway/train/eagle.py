@@ -18,30 +18,13 @@ from torch import Tensor, nn
 
 from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase
 from .batch import collate_features, lm_head_logits, stored_batch, stored_keys
-from .calibration import depth_sums, eagle_logit_ids, stack_depths, summarize_calibration
+from .calibration import eagle_calibration_sums, summarize_calibration, teacher_forced_sums
 from .config import TrainConfig
-from .tasks import TASKS, ParamGroup, TargetBatch, answer_draft_vocab
-from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, label_mask, shift_left,
-                  summarize_acceptance, unroll)
+from .draft_vocab import answer_draft_vocab, draft_vocab_counts
+from .tasks import ParamGroup, TargetBatch
+from .ttt import acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, shift_left, summarize_acceptance
 
 EVAL_DEPTH = 5  # drafted tokens per simulated chain; the same depth as Medusa's default 5 heads
-
-
-def draft_vocab_counts(data: str, vocab_size: int) -> torch.Tensor:
-    """Answer-token frequencies of the training data: the dataset's token_counts, else counted now."""
-    from ..data.errors import DataError
-    from ..data.vocab import load_token_counts, token_frequencies
-
-    try:
-        counts = load_token_counts(data)
-    except DataError:
-        from datasets import load_from_disk
-
-        counts = token_frequencies(load_from_disk(str(Path(data).expanduser())), vocab_size)
-    if counts.numel() != vocab_size:
-        raise ValueError(f"token counts of {data} cover {counts.numel()} ids, but the target vocabulary has "
-                         f"{vocab_size}; was the data distilled with another tokenizer?")
-    return counts
 
 
 def noise_seed(seed: int, step: int, input_ids: Tensor) -> int:
@@ -66,29 +49,6 @@ def eval_sums(drafter: nn.Module, tb: TargetBatch, hidden: Tensor, depth: int) -
     return {"accept_hist": acceptance_stats(accepted, start, depth)["accept_hist"],
             "accept_hist_greedy": acceptance_stats(greedy, start, depth)["accept_hist"],
             "top1_hits": hits, "starts": start.sum().float().reshape(1), **calib}
-
-
-@torch.no_grad()
-def teacher_forced_sums(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, start: Tensor,
-                        depth: int) -> tuple[Tensor, dict[str, Tensor]]:
-    """Step j (depth j+1) fed the data's tokens and the drafter's own features, at chain starts:
-    (top-1 hits on the data's token (depth,), the ``calib_*`` calibration sums against it)."""
-    data_next = shift_left(input_ids, 1)  # (B, T) x_{s+1}
-    hits, per_depth = [], []
-    for j, (_, logits) in enumerate(unroll(drafter, input_ids, hidden, depth)):
-        label = shift_left(data_next, j + 1)  # (B, T) the token step j predicts
-        ok = drafter.to_target_ids(logits.argmax(-1)) == label
-        hits.append((ok & start).sum())
-        per_depth.append(depth_sums(logits[start], eagle_logit_ids(drafter, label[start])))  # one depth at a time
-    return torch.stack(hits).float(), stack_depths(per_depth)
-
-
-def eagle_calibration_sums(drafter: nn.Module, tb: TargetBatch, hidden: Tensor, depth: int) -> dict[str, Tensor]:
-    """The calibration sums of ``eval_sums`` alone (``fit_calibration``): chain starts as there."""
-    start = torch.ones_like(tb.input_ids, dtype=torch.bool)
-    for j in range(depth):
-        start &= label_mask(tb.loss_mask, j + 2)
-    return teacher_forced_sums(drafter, tb.input_ids, hidden, start, depth)[1]
 
 
 def summarize(stats: dict[str, Tensor]) -> dict[str, Any]:
@@ -238,9 +198,6 @@ def feature_batch(rows: list[dict[str, Tensor]], layers: list[int], lm_head: nn.
     return stored_batch(batch, layers, lm_head_logits(lm_head) if lm_head is not None else None, ref.device,
                         ref.dtype)
 
-
-TASKS["eagle1"] = Eagle1Task
-TASKS["eagle3"] = Eagle3Task
 
 __all__ = ["Eagle1Task", "Eagle3Task", "draft_vocab_counts", "eagle_calibration_sums", "eval_sums", "feature_batch",
            "summarize"]

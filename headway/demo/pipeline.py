@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import load_config, opt
-from .errors import HeadwayError
+from ..config import load_config, opt
+from ..errors import HeadwayError
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 KINDS = ("medusa", "eagle1", "eagle3")
@@ -53,7 +53,7 @@ def _done(folder: Path) -> bool:
 
 
 def build_target(cfg: DemoConfig) -> Path:
-    from .demo_target import TargetBuildConfig, build_demo_target, read_metadata
+    from .builder import TargetBuildConfig, build_demo_target, read_metadata
 
     preset = cfg.target_preset or ("tiny" if cfg.quick else "demo")
     path = build_demo_target(TargetBuildConfig(preset=preset))
@@ -64,7 +64,7 @@ def build_target(cfg: DemoConfig) -> Path:
 
 
 def distill_data(cfg: DemoConfig, target: Path, run: Path) -> Path:
-    from .data.distill import DistillConfig, distill
+    from ..data.distill import DistillConfig, distill
 
     out = run / "distill"
     if (out / "headway_distill.json").is_file() and (out / "dataset_info.json").is_file():
@@ -79,15 +79,15 @@ def distill_data(cfg: DemoConfig, target: Path, run: Path) -> Path:
 
 
 def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) -> Path:
-    """One recipe per kind, run as its own process (``python -m headway.train``, what ``accelerate
+    """One recipe per kind, run as its own process (``python -m headway train``, what ``accelerate
     launch`` runs too): accelerate's process state is a singleton that one process cannot re-set."""
     import subprocess
     import sys
 
     import yaml
 
-    from .config import to_dict
-    from .train.config import TrainConfig
+    from ..config import to_dict
+    from ..train.config import TrainConfig
 
     out = run / kind
     final = out / "final"
@@ -111,14 +111,14 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
         import os
 
         env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads)}
-    rc = subprocess.run([sys.executable, "-m", "headway.train", "--config", str(resolved)], env=env).returncode
+    rc = subprocess.run([sys.executable, "-m", "headway", "train", "--config", str(resolved)], env=env).returncode
     if rc != 0 or not _done(final):
         raise HeadwayError(f"training {kind} failed (exit {rc}); rerun `headway demo` to resume from its checkpoint")
     return final
 
 
 def run_bench(cfg: DemoConfig, target: Path, heads: dict[str, Path], run: Path) -> dict[str, Any]:
-    from .decode.bench import BenchConfig, bench_cli
+    from ..bench.run import BenchConfig, bench_cli
 
     bc = BenchConfig(target=str(target), heads=[str(heads[k]) for k in cfg.kinds if k in heads],
                      prompts="demo:heldout", num_prompts=cfg.pick(cfg.bench_prompts, 8, 4),

@@ -24,8 +24,8 @@ from torch import nn
 from transformers import Cache
 
 from ..heads.layers import DraftCache
-from .shapes import DynamicShape, TreeShape
-from .speculator import GenerationStats, Speculator
+from ..decode.shapes import DynamicShape, TreeShape
+from ..decode.speculator import GenerationStats, Speculator
 
 
 @dataclass

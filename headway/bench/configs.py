@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import ConfigError, check_choice, opt
+from ..config import ConfigError, opt
 from ..data.plans import PROMPT_FORMATS
-from .args import check_decode_args
+from ..target import TargetArgs
+from ..decode.args import check_decode_args
 
 
 @dataclass
-class TuneConfig:
-    target: str = opt(help="target model folder / Hub id, or 'demo'")
+class TuneConfig(TargetArgs):
+    target: str = opt(help="target model folder / Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint folder (the tuned tree is written into its config.json)")
     prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
     num_prompts: int = opt(8, "calibration prompts to use")
@@ -37,13 +38,10 @@ class TuneConfig:
     calibration_data: str | None = opt(None, "a distilled dataset or features folder of this target: fit the heads' "
                                              "draft calibration (temperature by depth) on it and store it with the "
                                              "tree; default: the calibration training stored, if any")
-    dtype: str = opt("float32", "target dtype")
-    device: str | None = opt(None, "device")
     write: bool = opt(True, "store the chosen tree in the heads' config.json")
     json_out: str | None = opt(None, "write the measurements here as JSON")
 
     def __post_init__(self) -> None:
-        check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
         if not self.temperatures:
             raise ConfigError("'temperatures' needs one or more values >= 0")
         for t in self.temperatures:
@@ -54,8 +52,7 @@ OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup")
 
 
 @dataclass
-class BenchConfig:
-    target: str = opt("demo", "target model: a folder, a Hub id, or 'demo' (the demo target, built or cached)")
+class BenchConfig(TargetArgs):
     heads: list[str] = opt(help="heads checkpoints to compare: --heads A B C (folders or Hub ids)",
                            default_factory=list)
     prompts: str = opt("demo:heldout", "prompt source: demo:heldout, demo:train, a .jsonl/.json/.parquet file, "
@@ -85,9 +82,6 @@ class BenchConfig:
     repeats: int = opt(3, "timed passes over all prompts; tokens/s and speedup are medians over them")
     warmup: int = opt(1, "untimed warm-up generations per method and temperature before timing")
     seed: int = opt(0, "prompt selection and sampling seed")
-    dtype: str = opt("float32", "target dtype (exact-match is promised in float32)")
-    device: str | None = opt(None, "device (default: cuda if available, else cpu)")
-    adapter: str | None = opt(None, "PEFT adapter merged into the target for every method (Medusa-2 heads)")
     threads: int | None = opt(None, "torch CPU threads (1 is often fastest for small models on a busy machine)")
     json: str | None = opt(None, "write the report here (schema headway.bench/1)")
     plot: str | None = opt(None, "write a PNG here: speedup by method, acceptance by depth")
@@ -106,14 +100,14 @@ class BenchConfig:
         for t in self.temperature:  # finite too
             check_decode_args(self.max_new_tokens, t)
         if self.tree:  # a bad tree fails before the target is loaded
-            from .shapes import parse_shape  # lazy: it imports torch, which --help does not need
+            from ..decode.shapes import parse_shape  # lazy: it imports torch, which --help does not need
 
             for spec in self.tree:
                 parse_shape(spec)
-        check_choice(self.prompt_format, PROMPT_FORMATS, "prompt_format")
         self.baselines = [] if self.baselines == ["none"] else list(dict.fromkeys(self.baselines))
         for name in self.baselines:
-            check_choice(name, OPTIONAL_BASELINES, "baselines")
+            if name not in OPTIONAL_BASELINES:
+                raise ConfigError(f"'baselines' must be one of {', '.join(OPTIONAL_BASELINES)} (or none); got {name!r}")
         if self.assistant is not None and self.assistant.strip().lower() == "none":
             # no assistant model: the assisted baseline is skipped, for the demo target as for any other
             self.assistant = None

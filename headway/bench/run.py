@@ -32,9 +32,9 @@ from torch import nn
 
 from ..config import ConfigError
 from ..data.progress import quiet_transformers
-from .bench_methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
+from .methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run)
-from .bench_report import SCHEMA, Record, render_table, summarize, write_plot
+from .report import SCHEMA, Record, render_table, summarize, write_plot
 from .configs import OPTIONAL_BASELINES, BenchConfig  # noqa: F401  (re-exported; light, for --help)
 
 
@@ -43,7 +43,7 @@ from .configs import OPTIONAL_BASELINES, BenchConfig  # noqa: F401  (re-exported
 
 
 def _demo_metadata(target_path: str) -> dict[str, Any] | None:
-    from ..demo_target import METADATA_FILE
+    from ..demo.builder import METADATA_FILE
 
     f = Path(target_path) / METADATA_FILE
     return json.loads(f.read_text()) if f.is_file() else None
@@ -52,7 +52,7 @@ def _demo_metadata(target_path: str) -> dict[str, Any] | None:
 def default_assistant(target_path: str, layers: int, progress: bool) -> tuple[str, str]:
     """The demo target's recipe (same tokenizer, corpus, steps) with ``layers`` layers, built or
     reused from the cache. Other targets need ``--assistant``."""
-    from ..demo_target import TargetBuildConfig, build_demo_target, default_cache_dir
+    from ..demo.builder import TargetBuildConfig, build_demo_target, default_cache_dir
 
     meta = _demo_metadata(target_path)
     if meta is None:
@@ -146,7 +146,7 @@ def heads_adapter(heads: Sequence[str]) -> str | None:
 
 def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list[HeadwayMethod]:
     from ..heads import load_heads
-    from .speculator import Speculator
+    from ..decode.speculator import Speculator
 
     methods: list[HeadwayMethod] = []
     for path in cfg.heads:
@@ -287,14 +287,14 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     import transformers
 
     from .. import __version__
-    from ..data.targets import resolve_target_path
+    from ..target import resolve_target_path
     from ..target import load_target
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     check_inputs(cfg)
     if cfg.adapter is None and (adapter := heads_adapter(cfg.heads)):
-        from .cli import adapter_note
+        from ..decode.cli import adapter_note
 
         print(adapter_note(adapter), file=sys.stderr)  # every method, the baselines too, runs the adapted target
         cfg = dataclasses.replace(cfg, adapter=adapter)
@@ -307,7 +307,7 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     prompts = loaded.ids
     room = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     reference, records = measure(methods, prompts, cfg, room)
-    from ..demo_target import repetition_rate
+    from ..demo.builder import repetition_rate
 
     entries = [(t, i, summarize(methods[i], t, recs, records[(0, t)], reference)) for (i, t), recs in records.items()]
     entries = [e for _, _, e in sorted(entries, key=lambda x: (x[0], x[1]))]  # by temperature, then method order

@@ -46,8 +46,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..demo_target import repetition_rate
-from .bench_methods import Method, Run
+from ..demo.builder import repetition_rate
+from .methods import Method, Run
 
 SCHEMA = "headway.bench/1"
 METHOD_KEYS = ("name", "kind", "tree", "heads", "temperature", "lossless", "tokens_per_s", "tokens_per_s_by_repeat",

@@ -1,15 +1,18 @@
 """What ``headway target build`` takes: the presets and ``TargetBuildConfig``.
 
-Kept apart from ``demo_target`` (which re-exports both) so that ``headway target build --help``
-reads them without importing torch; the build itself lives in ``demo_target``.
+Kept apart from ``builder`` (which re-exports both) so that ``headway target build --help``
+reads them without importing torch; the build itself lives in ``builder``.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from .config import check_choice, opt
+from ..config import check_choice, opt
+from ..target import BUILDERS
 
 PRESETS: dict[str, dict[str, Any]] = {
     # 6.3M params, 8 layers x 192: ~3,000-4,000 tokens/s training on 2 idle cores in bf16, so
@@ -82,7 +85,9 @@ class TargetBuildConfig:
 
     def __post_init__(self) -> None:
         check_choice(self.preset, tuple(PRESETS), "preset")
-        if self.name != "demo":
-            from .named_targets import NAMED_TARGETS
+        check_choice(self.name, tuple(BUILDERS), "name")
 
-            check_choice(self.name, ("demo", *NAMED_TARGETS), "name")
+
+def default_cache_dir() -> Path:
+    """Where built targets are cached: ``$HEADWAY_CACHE``, else ``~/.cache/headway``."""
+    return Path(os.environ.get("HEADWAY_CACHE") or Path.home() / ".cache" / "headway").expanduser()

@@ -13,17 +13,10 @@ the train files and evaluation prompts from the held-out files (``demo_prompts``
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import math
-import os
-import random
-import re
 import shutil
-import sys
-import sysconfig
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,23 +27,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import ConfigError, check_choice
+from ..data.progress import quiet_transformers
+from ..data.stdlib_corpus import (HELDOUT_FRACTION, SPLITS, _corpus, _prompt_spans, _read,  # noqa: F401  (re-exported)
+                                  corpus_files, corpus_identity, demo_prompts, split_of, stdlib_root)
+from ..publish import publishing
+
 # The config lives in a light module (re-exported here) so that `headway target build --help` needs no torch
-from .build_config import PRESETS, TargetBuildConfig  # noqa: F401
-from .config import ConfigError, check_choice
-from .data.progress import quiet_transformers
-from .errors import HeadwayError
-from .progress import Progress
+from .configs import PRESETS, TargetBuildConfig, default_cache_dir  # noqa: F401
+from ..progress import Progress
 
 # Bump when the recipe changes in a way that changes the weights: old cache entries then miss.
 RECIPE_VERSION = 1
 METADATA_FILE = "headway_target.json"
-SPLITS = ("train", "heldout")
-HELDOUT_FRACTION = 0.05
-
-# Tests, vendored packages, generated tables and docs are not the code we want the target to model;
-# `encodings/` codec tables are near-trivial tokens that make the model look better than it is.
-_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test", "encodings",
-                            "__pycache__", "lib2to3", "pydoc_data"})
 
 # Fields that do not change the weights: they stay out of the cache key.
 _NOT_IN_KEY = ("cache_dir", "force", "out", "max_minutes", "name", "gguf")
@@ -85,50 +74,8 @@ def _validate(cfg: TargetBuildConfig) -> None:
         raise ConfigError("'lr' and 'max_minutes' must be positive; 'warmup' and 'max_corpus_mb' non-negative")
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("HEADWAY_CACHE") or Path.home() / ".cache" / "headway").expanduser()
-
-
 # ---------------------------------------------------------------------------------------------
-# Corpus
-
-
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def split_of(rel_path: str) -> str:
-    """'heldout' for ~5% of files, chosen by a hash of the relative path (stable across machines)."""
-    h = int(hashlib.sha1(rel_path.encode()).hexdigest()[:8], 16)
-    return "heldout" if h < HELDOUT_FRACTION * 2**32 else "train"
-
-
-@functools.lru_cache(maxsize=4)
-def _corpus(root: Path) -> tuple[tuple[Path, str], ...]:
-    files = []
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root)
-        if _EXCLUDED_DIRS.isdisjoint(rel.parts[:-1]) and p.is_file():
-            files.append((p, split_of(rel.as_posix())))
-    return tuple(files)
-
-
-def corpus_files(split: str) -> list[Path]:
-    """The stdlib ``*.py`` files of one split ('train' or 'heldout'), sorted by path."""
-    check_choice(split, SPLITS, "split")
-    return [p for p, s in _corpus(stdlib_root()) if s == split]
-
-
-@functools.lru_cache(maxsize=2048)
-def _read(path: Path) -> str:
-    return path.read_text(encoding="utf-8", errors="replace")
-
-
-def corpus_identity() -> dict[str, Any]:
-    """What the corpus depends on: the interpreter version and the file list (cheap to compute)."""
-    files = [p for p, _ in _corpus(stdlib_root())]
-    return {"python": ".".join(map(str, sys.version_info[:3])), "implementation": sys.implementation.name,
-            "files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+# Corpus (the stdlib files and prompts live in data/stdlib_corpus.py, re-exported above)
 
 
 def _train_texts(max_mb: float) -> list[str]:
@@ -144,58 +91,6 @@ def _train_texts(max_mb: float) -> list[str]:
         texts.append(_read(p))
         total += len(texts[-1])
     return texts
-
-
-def _prompt_spans(split: str, n: int, prompt_tokens: int, tokenizer: Any, seed: int) -> list[tuple[str, int, int]]:
-    """(file text, start, end) of ``n`` code snippets of at most ``prompt_tokens`` tokens.
-
-    Each starts at a random unindented line of a random file (never mid-block), ends at a line
-    boundary, and has trailing whitespace removed (the BPE merges newline + indent into one token, so a prompt
-    ending in '\\n    ' would end in a token the model rarely sees mid-line).
-    """
-    if n <= 0 or prompt_tokens <= 0:
-        raise HeadwayError(f"demo_prompts needs n > 0 and prompt_tokens > 0 (got n={n}, prompt_tokens={prompt_tokens})")
-    rng = random.Random(seed)
-    files = corpus_files(split)
-    spans: list[tuple[str, int, int]] = []
-    seen: set[tuple[int, int]] = set()
-    for _ in range(50 * n):
-        if len(spans) == n:
-            break
-        fi = rng.randrange(len(files))
-        text = _read(files[fi])
-        span = _snippet(text, rng, prompt_tokens, tokenizer)
-        if span is not None and (fi, span[0]) not in seen:
-            seen.add((fi, span[0]))
-            spans.append((text, *span))
-    if len(spans) < n:
-        raise HeadwayError(f"could only cut {len(spans)} of {n} prompts of {prompt_tokens} tokens from the "
-                           f"{split} files")
-    return spans
-
-
-def _snippet(text: str, rng: random.Random, prompt_tokens: int, tokenizer: Any) -> tuple[int, int] | None:
-    """(start, end) of a snippet from an unindented line to a line end, or None if none fits."""
-    starts = [0] + [m.end() for m in re.finditer(r"\n(?=\S)", text)]
-    start = rng.choice(starts)
-    stop = start + 8 * prompt_tokens  # tokens average ~4 characters: ample room for the cut
-    end = len(text) if stop >= len(text) else text.rfind("\n", start, stop)
-    while end > start:
-        body = text[start:end].rstrip()
-        n_tok = len(tokenizer.encode(body, add_special_tokens=False))
-        if n_tok <= prompt_tokens:
-            return (start, start + len(body)) if n_tok >= max(1, prompt_tokens // 2) else None
-        end = text.rfind("\n", start, start + len(body))  # drop the last line and try again
-    return None
-
-
-def demo_prompts(split: str, n: int, prompt_tokens: int, tokenizer: Any, seed: int = 0) -> list[str]:
-    """``n`` code prefixes of at most ``prompt_tokens`` tokens (and at least half that) from the
-    train or held-out files, cut at line boundaries with trailing whitespace stripped.
-
-    Deterministic for a seed; distillation uses 'train', evaluation uses 'heldout'.
-    """
-    return [text[a:b] for text, a, b in _prompt_spans(split, n, prompt_tokens, tokenizer, seed)]
 
 
 def corpus_tokens(target: str | Path, split: str) -> torch.Tensor:
@@ -433,7 +328,7 @@ def _log(progress: bool, msg: str) -> None:
 
 def _build_into(folder: Path, cfg: TargetBuildConfig, progress: bool) -> None:
     """Tokenizer, streams, training, evaluation, save: everything lands in ``folder``."""
-    from .tokenizer import train_bpe
+    from ..tokenizer import train_bpe
 
     t_start = time.perf_counter()
     texts = _train_texts(cfg.max_corpus_mb)
@@ -477,41 +372,22 @@ def _build_into(folder: Path, cfg: TargetBuildConfig, progress: bool) -> None:
 
 
 
-def publish_folder(tmp: Path, final: Path, replace: bool) -> None:
-    """Atomically move a finished build into place. Without ``replace`` an existing folder (a
-    concurrent build of the same config that finished first) wins and ours is dropped."""
-    old = None
-    if final.exists():
-        if not replace:
-            return
-        old = final.with_name(f".old-{final.name}-{os.getpid()}")
-        os.rename(final, old)
-    try:
-        os.rename(tmp, final)
-    except OSError:
-        if not final.is_dir():
-            raise
-    finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
 def build_demo_target(cfg: TargetBuildConfig, progress: bool = True) -> Path:
     """Build the demo target (or reuse the cached build) and return its HF folder."""
     cfg = resolve_config(cfg)
     final = target_dir(cfg)
     if cfg.force or not _is_usable(final, cfg):
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=final.parent))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the published folder should read like any other
-        try:
+        # without force, a concurrent build of the same config that finished first wins
+        with publishing(final, folder=True, replace=cfg.force or not _is_usable(final, cfg)) as tmp:
             _build_into(tmp, cfg, progress)
-            publish_folder(tmp, final, replace=cfg.force or not _is_usable(final, cfg))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     if cfg.out:
         shutil.copytree(final, Path(cfg.out).expanduser(), dirs_exist_ok=True)
     return final
+
+
+def build_default(name: str = "demo") -> Path:
+    """The built-in target ``demo`` (``headway.target.BUILDERS``): the default preset, built or reused."""
+    return build_demo_target(TargetBuildConfig())
 
 
 def _summary_rows(meta: dict[str, Any], folder: Path, cfg: TargetBuildConfig, cached: bool) -> list[tuple[str, str]]:
@@ -564,7 +440,7 @@ def build_named_cli(cfg: TargetBuildConfig) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from .named_targets import build_named_target, is_built, named_target_dir, summary_rows
+    from .named import build_named_target, is_built, named_target_dir, summary_rows
 
     cached = not cfg.force and is_built(named_target_dir(cfg.name, cfg.cache_dir))
     console = Console(soft_wrap=True)

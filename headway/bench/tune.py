@@ -25,10 +25,10 @@ import torch
 
 from ..progress import Progress
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
-from .sampling import SamplingParams
-from .shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
-from .speculator import Speculator
-from .tree import additive_mask
+from ..decode.sampling import SamplingParams
+from ..decode.shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
+from ..decode.speculator import Speculator
+from ..decode.tree import additive_mask
 
 
 def shape_spec(shape: TreeShape) -> str:
@@ -209,11 +209,12 @@ def calibration_prompts(cfg: TuneConfig, tokenizer: Any) -> list[list[int]]:
 
 
 def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
-    from ..data.targets import resolve_target_path
-    from .cli import adapter_note
+    from ..target import resolve_target_path
+    from ..decode.cli import adapter_note
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
-    spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, dtype=cfg.dtype, device=cfg.device)
+    spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, dtype=cfg.dtype, device=cfg.device,
+                                      adapter=cfg.adapter)
     if spec.adapter_from_heads:  # the tree is tuned on the adapted target
         say(adapter_note(spec.adapter))
     calibration = None
@@ -263,19 +264,15 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
 
 
 def store_tree(heads_dir: Path, report: dict[str, Any]) -> None:
-    """Record the tuned tree in the checkpoint's config.json (atomically) so generate uses it."""
-    import os
+    """Record the tuned tree in the checkpoint's metadata (atomically) so generate uses it."""
+    from ..heads.metadata import update_metadata
 
-    f = heads_dir / "config.json"
-    cfg = json.loads(f.read_text())
-    meta = cfg.setdefault("metadata", {})
-    meta["decode"] = {"tree": report["tree"], "chosen": report["chosen"], "device": report["device"],
-                      "side_by_side": report["side_by_side"], "calibrated": report.get("calibrated", False)}
+    entries: dict[str, Any] = {"decode": {"tree": report["tree"], "chosen": report["chosen"], "device": report["device"],
+                                          "side_by_side": report["side_by_side"],
+                                          "calibrated": report.get("calibrated", False)}}
     if "calibration" in report:  # fitted by tune: the tree was chosen with it, so they go together
-        meta["calibration"] = {k: v for k, v in report["calibration"].items() if k != "summary"}
-    tmp = f.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-    os.replace(tmp, f)
+        entries["calibration"] = {k: v for k, v in report["calibration"].items() if k != "summary"}
+    update_metadata(heads_dir, entries)
 
 
 def tune_cli(cfg: TuneConfig) -> int:

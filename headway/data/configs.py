@@ -1,0 +1,82 @@
+"""The settings of ``headway distill`` and ``headway features``.
+
+Apart from the code that runs them (``distill``, ``features``; both re-export them) so that
+``headway distill --help`` and ``headway features --help`` read them without importing torch.
+The target options come from ``TargetArgs``, the same for every command that runs a target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..config import opt
+from ..target import TargetArgs
+from .errors import DataError
+from .plans import OVERLONG, PROMPT_FORMATS
+
+if TYPE_CHECKING:
+    from .generation import SamplingSettings
+
+STORE_DTYPE_NAMES = ("bfloat16", "float16", "float32")
+
+
+@dataclass
+class DistillConfig(TargetArgs):
+    source: str = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations rows), "
+                           "a datasets folder, a Hub dataset name, demo:train / demo:heldout, or the built-in chat "
+                           "instructions chat:train / chat:heldout", positional=True)
+    output: str = opt("runs/distilled", "output folder (resumed if it holds shards of the same settings)")
+    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
+    prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
+                                     "user message); chat: always; raw: plain prompts as they are",
+                             choices=PROMPT_FORMATS)
+    stop_tokens: list[str] = opt(default_factory=list, help="extra tokens that end an answer (e.g. <|im_end|>)")
+    split: str = opt("train", "split of a datasets folder / Hub dataset")
+    limit: int | None = opt(None, "use only the first N prompts (demo sources: the number of prompts, default 256)")
+    prompt_tokens: int = opt(64, "demo sources: prompt length in tokens")
+    max_prompt_tokens: int = opt(1024, "prompts longer than this (in tokens) are dropped or truncated")
+    overlong: str = opt("drop", "what to do with a too-long prompt", choices=OVERLONG)
+    max_new_tokens: int = opt(256, "longest answer (tokens) per assistant turn")
+    temperature: float = opt(0.0, "sampling temperature; 0 = greedy")
+    top_p: float = opt(1.0, "nucleus sampling threshold (1 = off)")
+    top_k: int = opt(0, "top-k sampling (0 = off)")
+    seed: int = opt(0, "seed for sampling and the demo prompts")
+    batch_size: int = opt(8, "prompts per generate() call")
+    shard_size: int = opt(256, "prompts per shard (the unit of resumption)")
+    skip_bad_rows: bool = opt(False, "skip malformed rows (and report how many) instead of stopping")
+    overwrite: bool = opt(False, "delete the output folder first")
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+        self.sampling()  # validates the sampling settings
+
+    def sampling(self) -> SamplingSettings:
+        from .generation import SamplingSettings  # lazy: torch
+
+        return SamplingSettings(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+
+
+@dataclass
+class FeaturesConfig(TargetArgs):
+    dataset: str = opt(help="a distilled (or tokenized) dataset folder", positional=True)
+    target: str | None = opt(None, "target model (default: the one that distilled the dataset); a folder, a Hub id "
+                                   "or 'demo'", kw_only=True)
+    output: str = opt("runs/features", "output folder (resumed if it holds shards of the same settings)")
+    layers: list[str] = opt(default_factory=lambda: ["final"],
+                            help="hidden states to store: 'final' (post-norm, Medusa/EAGLE-1), HF hidden_states "
+                                 "indices (e.g. 2 4 5), or 'eagle3' (2, L//2, L-3); training reads 'final' for "
+                                 "Medusa / EAGLE-1 and for every EAGLE kind's soft labels, so EAGLE-3 wants "
+                                 "'eagle3 final'")
+    store_dtype: str = opt("bfloat16", "dtype of the stored features", choices=STORE_DTYPE_NAMES)
+    batch_size: int = opt(8, "rows per forward pass")
+    shard_size: int = opt(512, "rows per shard (the unit of resumption)")
+    limit: int | None = opt(None, "use only the first N rows of the dataset")
+    overwrite: bool = opt(False, "delete the output folder first")
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "shard_size"):
+            if getattr(self, name) < 1:
+                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
