@@ -289,3 +289,20 @@ def test_helpers():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_calibration_on_and_off_side_by_side(folders, tmp_path):
+    """``--calibration on off``: a second row only where calibration can change the drafts (a dynamic
+    tree of heads that carry one); both exact, since calibration only picks which nodes are drafted."""
+    heads = load_target(str(folders / "target"))[0]
+    drafter = Eagle1Drafter.for_target(heads)
+    drafter.metadata["calibration"] = {"temperature_by_depth": [0.3, 3.0, 0.3]}
+    drafter.save_pretrained(tmp_path / "calibrated")
+    rep = bench(config(folders, heads=[str(tmp_path / "calibrated")],
+                       tree=["dynamic-3-3-8", "chain-2"], calibration=["on", "off"], temperature=[0.0],
+                       baselines=[], assistant=None, repeats=1, warmup=0))
+    names = sorted(m["name"] for m in rep["methods"] if m["kind"] == "eagle1")
+    assert names == ["eagle1[chain-2]", "eagle1[dynamic-3-3-8]", "eagle1[dynamic-3-3-8][uncalibrated]"]
+    assert all(m["exact_match"] == 1.0 for m in rep["methods"])
+    with pytest.raises(ConfigError, match="calibration"):
+        load_config(BenchConfig, overrides=["target=x", "calibration=sometimes"])

@@ -77,3 +77,19 @@ def test_generate_stdout_holds_only_the_text(llama_dir, heads_dir, tmp_path, bar
         assert "Loading weights" in r.stderr
     else:
         assert "Loading weights" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("flag,expected", [([], True), (["--no-calibrate"], False)])
+def test_generate_cli_passes_the_calibration_switch(capsys, llama_dir, heads_dir, monkeypatch, flag, expected):
+    seen = []
+    real = Speculator.from_pretrained.__func__
+
+    def spy(cls, *a, **kw):
+        seen.append(kw.get("calibrate"))
+        return real(cls, *a, **kw)
+
+    monkeypatch.setattr(Speculator, "from_pretrained", classmethod(spy))
+    rc = main(["generate", "--target", str(llama_dir), "--heads", str(heads_dir), "--prompt", "import os",
+               "--max-new-tokens", "4", *flag])
+    assert rc == 0 and seen == [expected]
+    capsys.readouterr()

@@ -15,6 +15,7 @@ from ..target import TargetArgs
 from ..decode.args import check_decode_args
 
 
+
 @dataclass
 class TuneConfig(TargetArgs):
     target: str = opt(help="target model folder / Hub id, or 'demo'", kw_only=True)
@@ -65,6 +66,10 @@ class BenchConfig(TargetArgs):
     tree: list[str] = opt(help="tree shapes to try with every heads checkpoint (chain-N, mc_sim_7b_63, "
                                "dynamic-K-D-T, ...); default: each checkpoint's stored tree, else its kind's default",
                           default_factory=list)
+    calibration: list[str] = opt(help="on: dynamic trees ranked with the heads' fitted draft calibration (the "
+                                      "decoder's default); off: by the raw draft probabilities; 'on off' benches "
+                                      "both side by side (chains and static trees are the same either way)",
+                                 default_factory=lambda: ["on"], choices=("on", "off"))
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
     prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
                                      "user message); chat: always; raw: plain prompts as they are",
@@ -99,6 +104,7 @@ class BenchConfig(TargetArgs):
         self.temperature = list(dict.fromkeys(float(t) for t in self.temperature))
         for t in self.temperature:  # finite too
             check_decode_args(self.max_new_tokens, t)
+        self.calibration = list(dict.fromkeys(self.calibration))
         if self.tree:  # a bad tree fails before the target is loaded
             from ..decode.shapes import parse_shape  # lazy: it imports torch, which --help does not need
 

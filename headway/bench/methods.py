@@ -24,6 +24,7 @@ from torch import nn
 from transformers import Cache
 
 from ..heads.layers import DraftCache
+from ..heads.metadata import calibration_temperatures
 from ..decode.shapes import DynamicShape, TreeShape
 from ..decode.speculator import GenerationStats, Speculator
 
@@ -271,6 +272,10 @@ class HeadwayMethod:
         self.draft_depth = speculator.tree.depth
         self.heads_path = heads_path
         self.target = speculator.target
+        proposer = speculator.new_proposer()
+        self.has_calibration = (isinstance(speculator.tree, DynamicShape)
+                                and bool(calibration_temperatures(speculator.heads.metadata)))
+        self.calibrated = bool(proposer.temperatures)
         heads = speculator.heads
         borrowed = [m for m in (heads.__dict__.get("_target_embed"), heads.__dict__.get("_target_lm_head"))
                     if m is not None]

@@ -157,11 +157,18 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
                               "baselines included, runs the same adapted target")
         stored = (heads.metadata.get("decode") or {}).get("tree")
         for tree in cfg.tree or [stored]:
-            spec = Speculator(target, tokenizer, heads, tree=tree)
-            methods.append(HeadwayMethod("", spec, str(path)))
-    names = [f"{m.kind}[{m.tree}]" for m in methods]
+            for mode in cfg.calibration:
+                method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, calibrate=mode == "on"),
+                                       str(path))
+                if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
+                    continue  # the same drafts as the calibrated run: one row is enough
+                methods.append(method)
+    # "uncalibrated" only where it can differ: a dynamic tree of heads that carry a calibration
+    tags = ["" if m.calibrated or not m.has_calibration else "[uncalibrated]" for m in methods]
+    names = [f"{m.kind}[{m.tree}]{tag}" for m, tag in zip(methods, tags)]
     for i, m in enumerate(methods):
-        m.name = names[i] if names.count(names[i]) == 1 else f"{m.kind}#{cfg.heads.index(m.heads_path)}[{m.tree}]"
+        m.name = (names[i] if names.count(names[i]) == 1
+                  else f"{m.kind}#{cfg.heads.index(m.heads_path)}[{m.tree}]{tags[i]}")
     return methods
 
 

@@ -18,6 +18,9 @@ class DecodeError(HeadwayError, ValueError):
     """A decoding argument or prompt the decoder cannot honour; the message names the rule."""
 
 
+CALIBRATE_HELP = ("rank dynamic-tree nodes with the heads' fitted draft calibration (temperature by depth); "
+                  "--no-calibrate ranks by the raw draft probabilities (the output is the target's either way)")
+
 def _whole(name: str, value: Any) -> int:
     try:
         if isinstance(value, bool):

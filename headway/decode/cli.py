@@ -8,7 +8,7 @@ from typing import Any
 
 from ..config import opt
 from ..target import TargetArgs
-from .args import check_decode_args
+from .args import CALIBRATE_HELP, check_decode_args
 
 
 @dataclass
@@ -24,6 +24,7 @@ class GenerateConfig(TargetArgs):
     tree: str | None = opt(None, "tree shape: chain-N, mc_sim_7b_63, static:[[0],[0,0]], dynamic[-K-DEPTH-TOTAL] "
                                  "(at most 64 deep, 1024 nodes, K <= 64); default: the tuned tree stored with "
                                  "the heads, else a kind default")
+    calibrate: bool = opt(True, CALIBRATE_HELP)
     stop: list[str] = opt(default_factory=list, help="stop strings")
     stream: bool = opt(False, "print tokens as they are accepted")
     chat: bool = opt(False, "apply the tokenizer's chat template to the prompt")
@@ -46,6 +47,7 @@ class ChatConfig(TargetArgs):
     temperature: float = opt(0.0, "0 = greedy")
     top_p: float = opt(1.0, "nucleus sampling mass")
     tree: str | None = opt(None, "tree shape (see headway generate --help)")
+    calibrate: bool = opt(True, CALIBRATE_HELP)
 
     def __post_init__(self) -> None:
         check_decode_args(self.max_new_tokens, self.temperature, self.top_p)
@@ -67,12 +69,12 @@ def adapter_note(adapter: Any) -> str:
 
 
 def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: str | None, adapter: str | None = None,
-                typical: tuple[float, float] | None = None):
+                typical: tuple[float, float] | None = None, calibrate: bool = True):
     from ..target import resolve_target_path
     from .speculator import Speculator
 
     spec = Speculator.from_pretrained(resolve_target_path(target), heads, tree=tree, dtype=dtype, device=device,
-                                      adapter=adapter, typical=typical)
+                                      adapter=adapter, typical=typical, calibrate=calibrate)
     if spec.adapter_from_heads:
         print(adapter_note(spec.adapter), file=sys.stderr)
     return spec
@@ -103,7 +105,7 @@ def generate_cli(cfg: GenerateConfig) -> int:
     if typical:
         print("warning: typical acceptance is LOSSY: the output does not follow the target's distribution",
               file=sys.stderr)
-    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter, typical)
+    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter, typical, cfg.calibrate)
     kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
               stop=cfg.stop, seed=cfg.seed)
     ids = prompt_token_ids(spec.tokenizer, cfg.prompt, cfg.chat, cfg.target)
@@ -127,7 +129,7 @@ def generate_cli(cfg: GenerateConfig) -> int:
 
 
 def chat_cli(cfg: ChatConfig) -> int:
-    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter)
+    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter, calibrate=cfg.calibrate)
     has_template = bool(getattr(spec.tokenizer, "chat_template", None))
     history: list[dict] = []
     print("headway chat: empty line or Ctrl-D to quit" + ("" if has_template else
