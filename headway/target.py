@@ -93,6 +93,11 @@ class TargetArgs:
             raise TargetError("no target given; pass --target (a folder, a Hub id, or 'demo')")
         return resolve_target_path(self.target)
 
+    def load_kwargs(self) -> dict[str, Any]:
+        """The ``load_target`` keyword arguments these options ask for (adapter aside)."""
+        return {"dtype": self.dtype, "device": self.device, "device_map": self.device_map,
+                "attn_implementation": self.attn_implementation}
+
 
 @dataclass(kw_only=True)
 class DecodeTargetArgs(TargetArgs):
@@ -105,7 +110,11 @@ class DecodeTargetArgs(TargetArgs):
     static_cache: bool = opt(False, "preallocate the target's KV cache (transformers StaticCache, sized prompt + "
                                     "max_new_tokens + tree); same output, fixed shapes for --compile")
     compile: bool = opt(False, "torch.compile the target's verify forward and the drafter step (minutes of "
-                               "compilation on first use; pays off on GPUs with --static-cache)")
+                               "compilation on first use; pays off on GPUs; implies --static-cache)")
+
+    def runtime_kwargs(self) -> dict[str, Any]:
+        """The ``Speculator`` keyword arguments these options ask for."""
+        return {"heads_dtype": self.heads_dtype, "static_cache": self.static_cache, "compile": self.compile}
 
 
 def resolve_target_path(name: str) -> str:
@@ -158,12 +167,9 @@ def parse_device_map(device_map: str | dict[str, Any] | None) -> Any:
     text = device_map.strip()
     if text.startswith("{"):
         try:
-            parsed = json.loads(text)
+            return json.loads(text)  # starts with "{": a dict or an error
         except json.JSONDecodeError as e:
             raise TargetError(f"device_map '{device_map}' is not a JSON object ({e.msg})") from None
-        if not isinstance(parsed, dict):
-            raise TargetError(f"device_map '{device_map}' must be a JSON object of module name -> device")
-        return parsed
     return text
 
 

@@ -32,4 +32,6 @@ def compile_verify(target: nn.Module) -> Callable[..., Any]:
 def compile_heads(heads: nn.Module) -> None:
     """Compile the drafter step in place (the module's ``forward``; Medusa: one call per step,
     EAGLE: one call per tree level, whose length grows, hence ``dynamic=True``)."""
+    if "forward" in heads.__dict__:  # already compiled (heads shared by several speculators)
+        return
     heads.forward = torch.compile(heads.forward, dynamic=True)  # type: ignore[method-assign]
