@@ -168,3 +168,13 @@ def test_compiled_decoder_matches_greedy_generate(kind):
         spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), model.config.vocab_size,
                                                    seed=i)
         assert spec.generate(p, max_new_tokens=12).ids == ref
+
+
+def test_missing_attention_kernel_is_one_line(llama_dir):
+    try:
+        import flash_attn  # noqa: F401
+        pytest.skip("flash-attn is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(TargetError, match="FlashAttention2"):
+        load_target(str(llama_dir), attn_implementation="flash_attention_2", device="cpu")
