@@ -26,6 +26,10 @@ class TargetError(HeadwayError, ValueError):
 
 
 TARGET_DTYPES = ("float32", "bfloat16", "float16")
+# ``auto``: the model's own dtype (config ``dtype`` / ``torch_dtype``) on CUDA, float32 on CPU.
+DTYPE_CHOICES = (*TARGET_DTYPES, "auto")
+HEADS_DTYPES = ("auto", *TARGET_DTYPES)  # auto: the target's dtype
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Spellings load_target also takes from Python callers (the CLI offers TARGET_DTYPES only).
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -69,10 +73,17 @@ class TargetArgs:
     target: str | None = opt(DEMO, "target model: a local folder, a Hub id, or a built-in name "
                                    f"({', '.join(BUILDERS)}; built, or reused from the cache)")
     revision: str | None = opt(None, "target revision (Hub targets)")
-    dtype: str = opt("float32", "dtype the target runs in (exact output is promised in float32)",
-                     choices=TARGET_DTYPES)
+    dtype: str = opt("float32", "dtype the target runs in (exact output is promised in float32); auto: the "
+                                "model's own dtype (its config's) on CUDA, float32 on CPU (bf16 single-token "
+                                "decode is slower than fp32 on CPUs without native bf16 matmul)",
+                     choices=DTYPE_CHOICES)
     device: str | None = opt(None, "device (default: the process's accelerate device under `accelerate launch`, "
                                    "else cuda if available, else cpu)")
+    device_map: str | None = opt(None, "spread the target over devices (accelerate): auto, balanced, sequential, "
+                                       "a device (cuda:0, cpu) or a JSON object such as '{\"\": \"cpu\"}'; "
+                                       "excludes --device")
+    attn_implementation: str | None = opt(None, "the target's attention kernel (default: transformers' choice, "
+                                                "sdpa where it can)", choices=ATTN_IMPLEMENTATIONS)
     adapter: str | None = opt(None, "PEFT adapter folder merged into the target (Medusa-2); generate / chat / tune / "
                                     "bench default to the one the heads record")
 
@@ -81,6 +92,29 @@ class TargetArgs:
         if self.target is None:
             raise TargetError("no target given; pass --target (a folder, a Hub id, or 'demo')")
         return resolve_target_path(self.target)
+
+    def load_kwargs(self) -> dict[str, Any]:
+        """The ``load_target`` keyword arguments these options ask for (adapter aside)."""
+        return {"dtype": self.dtype, "device": self.device, "device_map": self.device_map,
+                "attn_implementation": self.attn_implementation}
+
+
+@dataclass(kw_only=True)
+class DecodeTargetArgs(TargetArgs):
+    """``TargetArgs`` plus the runtime options of the commands that decode (generate, chat, bench,
+    tune): the heads' dtype and the fast path (static KV cache, torch.compile). Exactness holds for
+    every combination; float32 heads and target are what the exactness tests run."""
+
+    heads_dtype: str = opt("auto", "dtype of the heads: auto = the target's (bf16 target -> bf16 heads); float32 "
+                                   "keeps full-precision drafting", choices=HEADS_DTYPES)
+    static_cache: bool = opt(False, "preallocate the target's KV cache (transformers StaticCache, sized prompt + "
+                                    "max_new_tokens + tree); same output, fixed shapes for --compile")
+    compile: bool = opt(False, "torch.compile the target's verify forward and the drafter step (minutes of "
+                               "compilation on first use; pays off on GPUs; implies --static-cache)")
+
+    def runtime_kwargs(self) -> dict[str, Any]:
+        """The ``Speculator`` keyword arguments these options ask for."""
+        return {"heads_dtype": self.heads_dtype, "static_cache": self.static_cache, "compile": self.compile}
 
 
 def resolve_target_path(name: str) -> str:
@@ -102,6 +136,41 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> Any:
     if name not in TARGET_DTYPES:
         raise TargetError(f"unknown dtype '{dtype}'; use one of {', '.join(TARGET_DTYPES)} (or auto)")
     return getattr(torch, name)
+
+
+def load_dtype(dtype: str | torch.dtype | None, device: str | torch.device | None = None,
+               device_map: Any = None) -> Any:
+    """What ``from_pretrained`` gets for ``dtype``: ``auto`` is the model's own dtype when the target
+    lands on CUDA (``device``, ``device_map`` or the default device), float32 on CPU, where bf16
+    single-token decode is slower (no native bf16 matmul on these CPUs)."""
+    import torch
+
+    if dtype != "auto":
+        return resolve_dtype(dtype)
+    if device_map is not None:
+        places = device_map.values() if isinstance(device_map, dict) else [device_map]
+        on_cpu = all(str(p) in ("cpu", "disk") for p in places) or (
+            not torch.cuda.is_available() and all(str(p) in ("auto", "balanced", "balanced_low_0", "sequential")
+                                                  for p in places))
+    else:
+        on_cpu = torch.device(device or default_device()).type == "cpu"
+    return torch.float32 if on_cpu else "auto"
+
+
+def parse_device_map(device_map: str | dict[str, Any] | None) -> Any:
+    """``--device-map`` text -> what ``from_pretrained`` takes: a JSON object becomes a dict, anything
+    else (auto, balanced, sequential, cuda:0, cpu) stays a string."""
+    import json
+
+    if device_map is None or isinstance(device_map, dict):
+        return device_map
+    text = device_map.strip()
+    if text.startswith("{"):
+        try:
+            return json.loads(text)  # starts with "{": a dict or an error
+        except json.JSONDecodeError as e:
+            raise TargetError(f"device_map '{device_map}' is not a JSON object ({e.msg})") from None
+    return text
 
 
 def default_device() -> torch.device:
@@ -213,11 +282,14 @@ def check_weight_files(folder: Path) -> None:
 
 def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", device: str | torch.device | None = None,
                 adapter: str | None = None, revision: str | None = None, trust_remote_code: bool = False,
-                attn_implementation: str | None = None) -> tuple[nn.Module, Any]:
+                attn_implementation: str | None = None,
+                device_map: str | dict[str, Any] | None = None) -> tuple[nn.Module, Any]:
     """Load a frozen, eval-mode causal LM and its tokenizer.
 
     ``adapter`` is an optional PEFT adapter folder (e.g. from Medusa-2 training); it is merged
-    into the weights so the decoder drives a plain transformers model.
+    into the weights so the decoder drives a plain transformers model. ``device_map`` (accelerate:
+    ``auto``, a device, or a dict of module name -> device) places the model across devices as it
+    loads, instead of ``device``. ``dtype="auto"``: see ``load_dtype``.
     """
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -230,14 +302,21 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
     local = local_path(name_or_path)
     src = str(local) if local is not None else name_or_path
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
+    device_map = parse_device_map(device_map)
+    if device_map is not None:
+        if device is not None:
+            raise TargetError(f"give device ({device}) or device_map ({device_map}), not both")
+        kwargs["device_map"] = device_map
     if dtype is not None:
-        kwargs["dtype"] = resolve_dtype(dtype)
+        kwargs["dtype"] = load_dtype(dtype, device, device_map)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if Path(src).is_dir():
         check_weight_files(Path(src))
     try:
         model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
+    except ImportError as e:  # flash_attention_2 without flash-attn, device_map without accelerate
+        raise TargetError(f"cannot load '{name_or_path}' as asked: {str(e).strip().splitlines()[0]}") from None
     except SafetensorError as e:  # a broken file in a Hub cache: safetensors' error names neither file nor cause
         raise TargetError(f"cannot load the weights of '{name_or_path}': {' '.join(str(e).split())}; a weight "
                           "file is probably truncated or corrupt (download it again)") from None
@@ -248,8 +327,14 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
     if adapter:
         model = apply_adapter(model, adapter)
     check_vocab(model, tokenizer, name_or_path)
-    model.to(device or default_device())
+    if device_map is None:
+        model.to(device or default_device())
     return freeze(model), tokenizer
+
+
+def output_device(model: nn.Module) -> torch.device:
+    """Where the model's logits are computed: its lm_head's device (the last one under a device_map)."""
+    return model.get_output_embeddings().weight.device
 
 
 def apply_adapter(model: nn.Module, adapter: str) -> nn.Module:

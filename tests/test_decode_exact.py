@@ -222,12 +222,12 @@ def test_corrupted_mask_is_caught(models, monkeypatch):
     model, tok = models["llama"]
     heads = make_heads("medusa", model)
     ps = prompts(tok, n=5)
-    real = speculator_module.additive_mask
+    real = speculator_module.tree_mask
 
-    def leaky(visible, prefix_len, dtype):
-        return real(torch.ones_like(visible), prefix_len, dtype)
+    def leaky(visible, prefix_len, dtype, kv_len=None):
+        return real(torch.ones_like(visible), prefix_len, dtype, kv_len)
 
-    monkeypatch.setattr(speculator_module, "additive_mask", leaky)
+    monkeypatch.setattr(speculator_module, "tree_mask", leaky)
     spec = Speculator(model, tok, heads, tree="mc_sim_7b_63")
     mismatches = sum(spec.generate(p, max_new_tokens=16).ids != reference(model, p, 16) for p in ps)
     assert mismatches >= 1

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from ..config import ConfigError, opt
 from ..data.plans import PROMPT_FORMATS
-from ..target import TargetArgs
+from ..target import DecodeTargetArgs
 from ..decode.args import check_decode_args
 
 
 
 @dataclass
-class TuneConfig(TargetArgs):
+class TuneConfig(DecodeTargetArgs):
     target: str = opt(help="target model folder / Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint folder (the tuned tree is written into its config.json)")
     prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
@@ -53,7 +53,7 @@ OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup")
 
 
 @dataclass
-class BenchConfig(TargetArgs):
+class BenchConfig(DecodeTargetArgs):
     heads: list[str] = opt(help="heads checkpoints to compare: --heads A B C (folders or Hub ids)",
                            default_factory=list)
     prompts: str = opt("demo:heldout", "prompt source: demo:heldout, demo:train, a .jsonl/.json/.parquet file, "

@@ -80,7 +80,7 @@ def load_assistant(cfg: BenchConfig, target_path: str, tokenizer: Any
         return None, None
     path, note = (cfg.assistant, "given with --assistant") if cfg.assistant else \
         default_assistant(target_path, cfg.assistant_layers, cfg.progress)
-    assistant, atok = load_target(path, dtype=cfg.dtype, device=cfg.device)
+    assistant, atok = load_target(path, **cfg.load_kwargs())
     if atok.get_vocab() != tokenizer.get_vocab():
         raise ConfigError(f"the assistant '{path}' has a different tokenizer than the target; HF assisted "
                           "generation here needs the same vocabulary")
@@ -158,7 +158,8 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
         stored = (heads.metadata.get("decode") or {}).get("tree")
         for tree in cfg.tree or [stored]:
             for mode in cfg.calibration:
-                method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, calibrate=mode == "on"),
+                method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, calibrate=mode == "on",
+                                                  **cfg.runtime_kwargs()),
                                        str(path))
                 if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
                     continue  # the same drafts as the calibrated run: one row is enough
@@ -307,7 +308,7 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
         cfg = dataclasses.replace(cfg, adapter=adapter)
     target_path = resolve_target_path(cfg.target)  # builds the demo target if needed: after every check
     with quiet_transformers():
-        target, tok = load_target(target_path, dtype=cfg.dtype, device=cfg.device, adapter=cfg.adapter)
+        target, tok = load_target(target_path, adapter=cfg.adapter, **cfg.load_kwargs())
         loaded = load_prompts(cfg, tok)  # before the assistant: a bad source or template fails fast
         assistant, assistant_info = load_assistant(cfg, target_path, tok)
         methods: list[Method] = [*baselines(target, tok, assistant, cfg), *headway_methods(target, tok, cfg)]

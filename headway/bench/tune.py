@@ -213,8 +213,8 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     from ..decode.cli import adapter_note
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
-    spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, dtype=cfg.dtype, device=cfg.device,
-                                      adapter=cfg.adapter)
+    spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, adapter=cfg.adapter,
+                                      **cfg.load_kwargs(), **cfg.runtime_kwargs())
     if spec.adapter_from_heads:  # the tree is tuned on the adapted target
         say(adapter_note(spec.adapter))
     calibration = None

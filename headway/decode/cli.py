@@ -7,12 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import opt
-from ..target import TargetArgs
+from ..target import DecodeTargetArgs
 from .args import CALIBRATE_HELP, check_decode_args
 
 
 @dataclass
-class GenerateConfig(TargetArgs):
+class GenerateConfig(DecodeTargetArgs):
     target: str = opt(help="target model: a folder, a Hub id, or 'demo' for the demo target", kw_only=True)
     heads: str = opt(help="heads checkpoint: a folder or a Hub id")
     prompt: str = opt("", "the prompt (plain text; chat targets get their chat template with --chat)")
@@ -40,7 +40,7 @@ class GenerateConfig(TargetArgs):
 
 
 @dataclass
-class ChatConfig(TargetArgs):
+class ChatConfig(DecodeTargetArgs):
     target: str = opt(help="target model: a folder, a Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint: a folder or a Hub id")
     max_new_tokens: int = opt(256, "tokens per reply at most")
@@ -68,13 +68,13 @@ def adapter_note(adapter: Any) -> str:
             "adapted target's (Medusa-2), not the base model's")
 
 
-def _speculator(target: str, heads: str, tree: str | None, dtype: str, device: str | None, adapter: str | None = None,
-                typical: tuple[float, float] | None = None, calibrate: bool = True):
+def _speculator(cfg: DecodeTargetArgs, heads: str, tree: str | None, typical: tuple[float, float] | None = None):
     from ..target import resolve_target_path
     from .speculator import Speculator
 
-    spec = Speculator.from_pretrained(resolve_target_path(target), heads, tree=tree, dtype=dtype, device=device,
-                                      adapter=adapter, typical=typical, calibrate=calibrate)
+    spec = Speculator.from_pretrained(resolve_target_path(cfg.target), heads, tree=tree, adapter=cfg.adapter,
+                                      typical=typical, calibrate=cfg.calibrate,
+                                      **cfg.load_kwargs(), **cfg.runtime_kwargs())
     if spec.adapter_from_heads:
         print(adapter_note(spec.adapter), file=sys.stderr)
     return spec
@@ -105,7 +105,7 @@ def generate_cli(cfg: GenerateConfig) -> int:
     if typical:
         print("warning: typical acceptance is LOSSY: the output does not follow the target's distribution",
               file=sys.stderr)
-    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter, typical, cfg.calibrate)
+    spec = _speculator(cfg, cfg.heads, cfg.tree, typical)
     kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
               stop=cfg.stop, seed=cfg.seed)
     ids = prompt_token_ids(spec.tokenizer, cfg.prompt, cfg.chat, cfg.target)
@@ -129,7 +129,7 @@ def generate_cli(cfg: GenerateConfig) -> int:
 
 
 def chat_cli(cfg: ChatConfig) -> int:
-    spec = _speculator(cfg.target, cfg.heads, cfg.tree, cfg.dtype, cfg.device, cfg.adapter, calibrate=cfg.calibrate)
+    spec = _speculator(cfg, cfg.heads, cfg.tree)
     has_template = bool(getattr(spec.tokenizer, "chat_template", None))
     history: list[dict] = []
     print("headway chat: empty line or Ctrl-D to quit" + ("" if has_template else

@@ -15,18 +15,17 @@ from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
-from transformers import DynamicCache
+from transformers import Cache
 
 from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from .args import DecodeError, check_decode_args
-from .kv import keep_accepted
+from .kv import keep_accepted, new_cache, static_length, tree_mask
 from .proposers import EagleProposer, hidden_index, make_proposer
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
                        verify_typical)
 from .shapes import (DraftTree, DynamicShape, Proposer, StaticShape, TreeShape, build_sampled_chain, build_tree, chain,
                      is_chain, parse_shape)
-from .tree import additive_mask
 from .verify import Verdict, verify_greedy
 
 
@@ -78,7 +77,7 @@ def _sync(device: torch.device) -> None:
 class DecodeState:
     """Everything one generation carries from step to step."""
 
-    cache: DynamicCache  # the target's KV cache: ``length`` entries
+    cache: Cache  # the target's KV cache (dynamic or static, ``decode/kv.py``): ``length`` entries
     proposer: Proposer  # per-generation draft state (MedusaProposer / EagleProposer)
     emitted: list[int]  # tokens generated so far; the last one is the next tree's root
     length: int
@@ -102,7 +101,8 @@ class Speculator:
     def __init__(self, target: nn.Module, tokenizer: Any, heads: HeadsBase, tree: TreeShape | str | None = None,
                  max_depth: int | None = None, typical: tuple[float, float] | None = None,
                  sampled_drafts: bool = True, sampling_tree: TreeShape | str | None = None,
-                 calibrate: bool = True) -> None:
+                 calibrate: bool = True, heads_dtype: str | torch.dtype | None = "auto",
+                 static_cache: bool = False, compile: bool = False) -> None:
         """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
         LOSSY (faster, but the output no longer follows the target's distribution); off by default.
         ``sampled_drafts``: at temperature > 0 a chain's drafts are drawn from the drafter's
@@ -113,11 +113,25 @@ class Speculator:
         beat a deterministic tree there (demo target, T=1: tau 1.98 against 1.44 for EAGLE-1).
         ``calibrate``: rank dynamic-tree nodes with the heads' calibration temperatures
         (``metadata["calibration"]``); False ranks by the raw draft log-probs (for A/B measurement).
-        Either way the output is the target's: calibration only changes which nodes are drafted."""
+        Either way the output is the target's: calibration only changes which nodes are drafted.
+
+        Placement and speed (``headway.decode.runtime``): the heads move to the device of the
+        target's lm_head (the last device under a ``device_map``) in ``heads_dtype`` (``auto``: the
+        target's dtype; float32 keeps full-precision drafting). ``static_cache``: a preallocated
+        transformers ``StaticCache`` sized prompt + max_new_tokens + tree, with the same
+        keep-accepted bookkeeping. ``compile``: torch.compile the target's verify forward and the
+        heads' forward (in place); it implies ``static_cache`` (fixed shapes, few recompiles)."""
+        from .runtime import compile_heads, compile_verify, heads_dtype_for
+
         self.target = target
         self.tokenizer = tokenizer
         heads.check_tokenizer(tokenizer)  # ids must mean the tokens the heads were trained on
-        self.heads = heads.to(device=self.device).eval()
+        self.heads = heads.to(device=self.device, dtype=heads_dtype_for(heads_dtype, self.dtype)).eval()
+        self.static_cache = bool(static_cache or compile)
+        self.compiled = bool(compile)
+        self._verify_forward = compile_verify(target) if compile else target
+        if compile:
+            compile_heads(self.heads)
         self.max_depth = max_depth
         self.typical = typical
         self.sampled_drafts = sampled_drafts
@@ -139,10 +153,14 @@ class Speculator:
                         tree: TreeShape | str | None = None, dtype: str | torch.dtype | None = "float32",
                         device: str | torch.device | None = None, adapter: str | None = None,
                         max_depth: int | None = None, typical: tuple[float, float] | None = None,
-                        calibrate: bool = True) -> "Speculator":
+                        calibrate: bool = True, device_map: str | dict[str, Any] | None = None,
+                        attn_implementation: str | None = None, heads_dtype: str | torch.dtype | None = "auto",
+                        static_cache: bool = False, compile: bool = False) -> "Speculator":
         """``adapter``: a PEFT adapter merged into a target given by name; by default the one the heads
         checkpoint names (Medusa-2 heads are trained on an adapted target, which is the one whose
-        output they reproduce). A target given as a model object is used as it is."""
+        output they reproduce). A target given as a model object is used as it is. ``device_map``,
+        ``attn_implementation`` and ``dtype`` (``auto`` too) go to ``load_target``; the rest to the
+        constructor."""
         from ..heads.base import resolve_checkpoint
         from ..target import load_target
 
@@ -153,7 +171,8 @@ class Speculator:
             if adapter is None:
                 adapter = _adapter_of(heads)
                 from_heads = adapter is not None
-            target, tok = load_target(str(target), dtype=dtype, device=device, adapter=adapter)
+            target, tok = load_target(str(target), dtype=dtype, device=device, adapter=adapter,
+                                      device_map=device_map, attn_implementation=attn_implementation)
             tokenizer = tokenizer or tok
         if tokenizer is None:
             raise DecodeError("a tokenizer is needed when the target is given as a model object")
@@ -163,7 +182,8 @@ class Speculator:
             heads.attach(target)
         if tree is None:
             tree = (heads.metadata.get("decode") or {}).get("tree")
-        spec = cls(target, tokenizer, heads, tree, max_depth, typical, calibrate=calibrate)
+        spec = cls(target, tokenizer, heads, tree, max_depth, typical, calibrate=calibrate, heads_dtype=heads_dtype,
+                   static_cache=static_cache, compile=compile)
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
@@ -189,7 +209,9 @@ class Speculator:
 
     @property
     def device(self) -> torch.device:
-        return next(self.target.parameters()).device
+        """Where the decoder works (heads, trees, verification): the target's lm_head device. Under a
+        multi-device ``device_map`` accelerate's hooks move the target's inputs and outputs."""
+        return self.target.get_output_embeddings().weight.device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -248,15 +270,27 @@ class Speculator:
         """Per-generation draft state (the heads are shared)."""
         return make_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
 
-    def _forward(self, ids: torch.Tensor, cache: DynamicCache, **kw: Any) -> Any:
-        return self.target(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=self._layers, **kw)
+    def _forward(self, ids: torch.Tensor, cache: Cache, verify: bool = False, **kw: Any) -> Any:
+        fn = self._verify_forward if verify else self.target  # compiled with ``compile``: the tree forward only
+        return fn(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=self._layers, **kw)
+
+    def new_cache(self, prompt_len: int, max_new_tokens: int | None) -> Cache:
+        """The target cache of one generation: a StaticCache of prompt + max_new_tokens + tree
+        positions with ``static_cache`` (``max_new_tokens`` then needed), else a DynamicCache."""
+        if not self.static_cache:
+            return new_cache(self.target.config)
+        if max_new_tokens is None:
+            raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
+        tree = max(self.tree.size, self.sampling_tree.size)
+        return new_cache(self.target.config, prompt_len + max_new_tokens + tree)
 
     def _features(self, out: Any, index: torch.Tensor | slice) -> list[torch.Tensor]:
         return [out.hidden_states[i][0, index] for i in self._layers]
 
-    def start(self, input_ids: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> DecodeState:
+    def start(self, input_ids: torch.Tensor, params: SamplingParams, gen: torch.Generator,
+              max_new_tokens: int | None = None) -> DecodeState:
         """Prefill the target and the proposer; the first token comes from the target alone."""
-        cache = DynamicCache(config=self.target.config)
+        cache = self.new_cache(input_ids.shape[1], max_new_tokens)
         out = self._forward(input_ids, cache)
         first = self._choose(out.logits[0, -1], params, gen)
         proposer = self.new_proposer()
@@ -285,8 +319,8 @@ class Speculator:
         _sync(self.device)
         t = time.perf_counter()
         b = tree.buffers
-        out = self._forward(tree.tokens[None], state.cache, position_ids=(b.depth + P)[None],
-                            attention_mask=additive_mask(b.visible, P, self.dtype))
+        out = self._forward(tree.tokens[None], state.cache, verify=True, position_ids=(b.depth + P)[None],
+                            attention_mask=tree_mask(b.visible, P, self.dtype, static_length(state.cache)))
         _sync(self.device)
         return Scored(tree, out.logits[0], self._features(out, slice(None)), time.perf_counter() - t, draft_probs)
 
@@ -329,7 +363,7 @@ class Speculator:
         stats.prompt_tokens = n
         eos = self._eos_ids()
         t_start = time.perf_counter()
-        state = self.start(input_ids, params, gen)
+        state = self.start(input_ids, params, gen, max_new_tokens)
         _sync(self.device)
         stats.time_prefill = time.perf_counter() - t_start
         emitted = state.emitted

@@ -110,5 +110,9 @@ class MedusaHeads(DraftVocab, HeadsBase):
         out = []
         for k, block in enumerate(self.blocks):
             h = block(hidden)
-            out.append(self.lm_heads[k](h) if self.lm_heads is not None else self.target_lm_head(h))
+            if self.lm_heads is not None:
+                out.append(self.lm_heads[k](h))
+            else:  # the borrowed lm_head keeps the target's dtype (fp32 heads on a bf16 target)
+                lm = self.target_lm_head
+                out.append(lm(h.to(lm.weight.dtype)))
         return torch.stack(out)
