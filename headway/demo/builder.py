@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
