@@ -11,7 +11,7 @@ import copy
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -28,6 +28,9 @@ from .shapes import (DraftTree, DynamicShape, Proposer, StaticShape, TreeShape, 
                      is_chain, parse_shape)
 from .tree import additive_mask
 from .verify import Verdict, verify_greedy
+
+if TYPE_CHECKING:
+    from .batch import BatchOutput
 
 
 @dataclass
@@ -413,6 +416,15 @@ class Speculator:
             cut = [text.find(s) for s in stop if s in text]
             text = text[: min(cut)] if cut else text
         return GenerationOutput(ids, text, stats)
+
+    def generate_batch(self, prompts: Sequence[Any], max_new_tokens: int = 128, temperature: float = 0.0,
+                       chat: bool | None = None) -> "BatchOutput":
+        """Greedy decoding of several prompts at once (``decode/batch.py``): one target forward per
+        step for the whole batch, per-row trees, acceptance and stopping; row i equals
+        ``generate(prompts[i])`` token for token. Temperature > 0 is refused for now."""
+        from .batch import generate_batch
+
+        return generate_batch(self, prompts, max_new_tokens, temperature, chat)
 
     def text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
         ids: list[int] = []
