@@ -31,10 +31,11 @@ from transformers import DynamicCache
 
 from .args import DecodeError, check_decode_args
 from .shapes import DraftTree, Proposer, build_tree
+from .stats import GenerationOutput, GenerationStats, _record_depths, _sync
 from .verify import Verdict, verify_greedy
 
 if TYPE_CHECKING:
-    from .speculator import GenerationOutput, GenerationStats, Speculator
+    from .speculator import Speculator
 
 
 @dataclass
@@ -174,8 +175,6 @@ def encode_batch(spec: Speculator, prompts: Sequence[Any], max_new_tokens: int, 
 def generate_batch(spec: Speculator, prompts: Sequence[Any], max_new_tokens: int = 128, temperature: float = 0.0,
                    chat: bool | None = None) -> BatchOutput:
     """Greedy speculative decoding of several prompts at once; row i equals ``spec.generate(prompts[i])``."""
-    from .speculator import GenerationOutput, GenerationStats, _record_depths, _sync
-
     ids = encode_batch(spec, prompts, max_new_tokens, temperature, chat)
     dev, dtype = spec.device, spec.dtype
     pad = spec.tokenizer.pad_token_id if spec.tokenizer.pad_token_id is not None else 0
