@@ -306,3 +306,33 @@ def test_calibration_on_and_off_side_by_side(folders, tmp_path):
     assert all(m["exact_match"] == 1.0 for m in rep["methods"])
     with pytest.raises(ConfigError, match="calibration"):
         load_config(BenchConfig, overrides=["target=x", "calibration=sometimes"])
+
+
+def test_batch_size_benches_batched_greedy_throughput(folders, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--target", str(folders / "target"), "--heads", *(str(folders / k) for k in
+                                                                        ("medusa", "eagle1", "eagle3")),
+               "--prompts", str(folders / "prompts.jsonl"), "--max-new-tokens", "10", "--repeats", "1",
+               "--tree", "chain-3", "--batch-size", "2", "1", "--no-progress", "--json", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "--batch-size" in printed and "hf-generate" in printed
+    rep = json.loads(out.read_text())
+    assert rep["methods"] == [] and rep["assistant"] is None and rep["settings"]["batch_size"] == [1, 2]
+    rows = rep["batched"]
+    assert [(e["batch_size"], e["kind"]) for e in rows] == [
+        (b, k) for b in (1, 2) for k in ("hf_generate", "medusa", "eagle1", "eagle3")]
+    for e in rows:
+        assert e["exact_match"] == 1.0 and e["rows"] == len(PROMPTS) and e["tokens_per_s"] > 0
+        assert e["speedup"] == 1.0 if e["kind"] == "hf_generate" else e["speedup"] > 0
+        assert e["tau"] == 1.0 if e["kind"] == "hf_generate" else e["tau"] >= 1.0
+
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(batch_size=[3]), "batch_size"),
+    (dict(batch_size=[2], temperature=[0.0, 1.0]), "greedy decoding only"),
+])
+def test_batch_size_is_checked(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(BenchConfig, None, kw)
+    assert BenchConfig().batch_size == [] and load_config(BenchConfig, None, {"batch_size": [8, 1, 8]}).batch_size == [1, 8]

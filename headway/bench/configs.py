@@ -50,6 +50,7 @@ class TuneConfig(DecodeTargetArgs):
 
 
 OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup")
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass
@@ -90,6 +91,11 @@ class BenchConfig(DecodeTargetArgs):
     threads: int | None = opt(None, "torch CPU threads (1 is often fastest for small models on a busy machine)")
     json: str | None = opt(None, "write the report here (schema headway.bench/1)")
     plot: str | None = opt(None, "write a PNG here: speedup by method, acceptance by depth")
+    batch_size: list[int] = opt(help="batched greedy throughput instead of the per-prompt protocol: --batch-size 1 4 8 "
+                                     "runs HF generate (left-padded batches, the baseline) and each headway method "
+                                     "(Speculator.generate_batch) on batches of each size; temperature 0 only, and "
+                                     "HF generate is the only baseline (assisted and prompt lookup do not batch)",
+                                default_factory=list, choices=BATCH_SIZES)
     progress: bool = opt(True, "progress on stderr: a bar on a terminal, else a plain line with rate and ETA")
 
     def __post_init__(self) -> None:
@@ -105,6 +111,10 @@ class BenchConfig(DecodeTargetArgs):
         for t in self.temperature:  # finite too
             check_decode_args(self.max_new_tokens, t)
         self.calibration = list(dict.fromkeys(self.calibration))
+        self.batch_size = sorted(set(self.batch_size))
+        if self.batch_size and self.temperature != [0.0]:
+            raise ConfigError(f"'batch_size' benches greedy decoding only (temperature 0); got temperature "
+                              f"{self.temperature}: leave --temperature out, or bench sampling without --batch-size")
         if self.tree:  # a bad tree fails before the target is loaded
             from ..decode.shapes import parse_shape  # lazy: it imports torch, which --help does not need
 

@@ -310,6 +310,8 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     with quiet_transformers():
         target, tok = load_target(target_path, adapter=cfg.adapter, **cfg.load_kwargs())
         loaded = load_prompts(cfg, tok)  # before the assistant: a bad source or template fails fast
+        if cfg.batch_size:
+            return bench_batched(cfg, target, tok, loaded, target_path)
         assistant, assistant_info = load_assistant(cfg, target_path, tok)
         methods: list[Method] = [*baselines(target, tok, assistant, cfg), *headway_methods(target, tok, cfg)]
     prompts = loaded.ids
@@ -335,6 +337,31 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
+def bench_batched(cfg: BenchConfig, target: nn.Module, tok: Any, loaded: Prompts, target_path: str
+                  ) -> dict[str, Any]:
+    """``--batch-size``: the report's ``batched`` entries (``bench/batched.py``) instead of ``methods``."""
+    import transformers
+
+    from .. import __version__
+    from .batched import measure_batched
+
+    methods = headway_methods(target, tok, cfg)
+    room = int(getattr(target.config, "max_position_embeddings", 1 << 30))
+    entries = measure_batched(target, tok, methods, loaded.ids, cfg, room)  # called inside quiet_transformers
+    return {
+        "schema": SCHEMA, "headway_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "target": _target_info(target, target_path, _demo_metadata(target_path)), "assistant": None,
+        "settings": {**dataclasses.asdict(cfg), "torch": torch.__version__, "transformers": transformers.__version__,
+                     "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+                     "python": platform.python_version()},
+        "prompts": {"source": cfg.prompts, "count": len(loaded.ids), "prompt_format": loaded.format,
+                    "mean_tokens": sum(map(len, loaded.ids)) / len(loaded.ids), "ids": loaded.names},
+        "process_peak_rss_bytes": _peak_rss_bytes(),
+        "methods": [], "batched": entries,
+    }
+
+
 def bench_cli(cfg: BenchConfig) -> int:
     from rich.console import Console
 
@@ -342,8 +369,14 @@ def bench_cli(cfg: BenchConfig) -> int:
     console = Console()
     if not console.is_terminal:  # a pipe or a file: do not squeeze the table into 80 columns
         console = Console(width=160)
-    console.print(render_table(report))
-    bad = [m["name"] for m in report["methods"] if m["exact_match"] is not None and m["exact_match"] < 1]
+    if cfg.batch_size:
+        from .batched import render_batched
+
+        console.print(render_batched(report))
+        bad = sorted({e["name"] for e in report["batched"] if e["kind"] != "hf_generate" and e["exact_match"] < 1})
+    else:
+        console.print(render_table(report))
+        bad = [m["name"] for m in report["methods"] if m["exact_match"] is not None and m["exact_match"] < 1]
     if bad:
         console.print(f"[red]exact-match below 100% at temperature 0: {', '.join(bad)} (the decoder's output "
                       "differs from the target's greedy output)[/]")
@@ -352,6 +385,8 @@ def bench_cli(cfg: BenchConfig) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"report: {path}")
-    if cfg.plot:
+    if cfg.plot and cfg.batch_size:
+        console.print("no plot for --batch-size runs (the table and the JSON have the numbers)")
+    elif cfg.plot:
         console.print(f"plot: {write_plot(report, Path(cfg.plot).expanduser())}")
     return 1 if bad else 0

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -26,51 +26,11 @@ from .sampling import (SamplingParams, processed_probs, sample_from, verify_samp
                        verify_typical)
 from .shapes import (DraftTree, DynamicShape, Proposer, StaticShape, TreeShape, build_sampled_chain, build_tree, chain,
                      is_chain, parse_shape)
+from .stats import GenerationOutput, GenerationStats, _record_depths, _sync  # noqa: F401  (re-exported)
 from .verify import Verdict, verify_greedy
 
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    target_forwards: int = 0  # verification forwards (prefill not counted)
-    accepted_per_depth: list[int] = field(default_factory=list)  # how often depth d+1 was accepted
-    time_prefill: float = 0.0
-    time_draft: float = 0.0
-    time_verify: float = 0.0
-    time_bookkeeping: float = 0.0
-    time_total: float = 0.0
-    stopped_by: str = ""
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens emitted per target forward (bonus included); the first token comes from prefill."""
-        return (self.new_tokens - 1) / self.target_forwards if self.target_forwards else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.time_total if self.time_total else 0.0
-
-    def summary(self) -> str:
-        other = self.time_total - self.time_prefill - self.time_draft - self.time_verify
-        return (f"{self.new_tokens} tokens in {self.time_total:.2f}s ({self.tokens_per_s:.1f} tok/s), "
-                f"tau {self.tau:.2f} over {self.target_forwards} target forwards; time: draft "
-                f"{self.time_draft:.2f}s, verify {self.time_verify:.2f}s, other {other:.2f}s")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tau": self.tau, "tokens_per_s": self.tokens_per_s}
-
-
-@dataclass
-class GenerationOutput:
-    ids: list[int]  # new tokens only
-    text: str
-    stats: GenerationStats
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+if TYPE_CHECKING:
+    from .batch import BatchOutput
 
 
 @dataclass
@@ -448,6 +408,15 @@ class Speculator:
             text = text[: min(cut)] if cut else text
         return GenerationOutput(ids, text, stats)
 
+    def generate_batch(self, prompts: Sequence[Any], max_new_tokens: int = 128, temperature: float = 0.0,
+                       chat: bool | None = None) -> "BatchOutput":
+        """Greedy decoding of several prompts at once (``decode/batch.py``): one target forward per
+        step for the whole batch, per-row trees, acceptance and stopping; row i equals
+        ``generate(prompts[i])`` token for token. Temperature > 0 is refused for now."""
+        from .batch import generate_batch
+
+        return generate_batch(self, prompts, max_new_tokens, temperature, chat)
+
     def text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
         ids: list[int] = []
         shown = 0
@@ -462,14 +431,6 @@ class Speculator:
                 shown = len(text)
             if cut:
                 return
-
-
-def _record_depths(stats: GenerationStats, verdict: Verdict) -> None:
-    m = verdict.accepted
-    while len(stats.accepted_per_depth) < m:
-        stats.accepted_per_depth.append(0)
-    for d in range(m):
-        stats.accepted_per_depth[d] += 1
 
 
 def _adapter_of(heads: Path | HeadsBase) -> str | None:

@@ -1,0 +1,139 @@
+"""``headway bench --batch-size 1 4 8``: batched greedy throughput, HF ``generate`` against headway.
+
+Per batch size B the prompts are cut into batches of B (the last one filled up from the start of
+the list, so every batch is full); each method decodes every batch in one call: HF ``generate``
+with left padding (``data.generation.generate_batch``, the baseline) and each headway method
+through ``Speculator.generate_batch``. Greedy only. For each repeat, for each batch, every method
+runs in turn (the order rotated); tokens/s is the median over repeats of new tokens / seconds,
+speedup the median per-repeat ratio to HF at the same batch size. Exact-match compares every row
+with the target's own unbatched greedy output (HF ``generate``, one prompt at a time), so it is
+reported for the HF baseline too (left padding may change float rounding, and with it a near-tie).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from .configs import BenchConfig
+from .methods import HeadwayMethod, HFMethod, stop_ids_of
+
+
+@dataclass
+class BatchRun:
+    ids: list[list[int]]  # new tokens per row
+    seconds: float
+    row_forwards: int  # sum over rows of the target forwards each row took part in (prefill included)
+
+
+def batches(n_prompts: int, size: int) -> list[list[int]]:
+    """Prompt indices in batches of ``size``; the last batch is filled up from the start of the list."""
+    count = -(-n_prompts // size)
+    return [[(k * size + j) % n_prompts for j in range(size)] for k in range(count)]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_hf(target: nn.Module, rows: Sequence[list[int]], max_new: int, stops: Sequence[int], pad: int) -> BatchRun:
+    from ..data.generation import SamplingSettings, generate_batch
+
+    dev = next(target.parameters()).device
+    _sync(dev)
+    t = time.perf_counter()
+    answers = generate_batch(target, rows, SamplingSettings(0.0, 1.0, 0, max_new), stops, pad)
+    _sync(dev)
+    ids = [a.tokens for a in answers]
+    return BatchRun(ids, time.perf_counter() - t, sum(len(r) for r in ids))
+
+
+def run_headway(method: HeadwayMethod, rows: Sequence[list[int]], max_new: int) -> BatchRun:
+    dev = method.speculator.device
+    _sync(dev)
+    t = time.perf_counter()
+    out = method.speculator.generate_batch(list(rows), max_new_tokens=max_new)
+    _sync(dev)
+    seconds = time.perf_counter() - t
+    return BatchRun([r.ids for r in out.rows], seconds, sum(r.stats.target_forwards + 1 for r in out.rows))
+
+
+def measure_batched(target: nn.Module, tokenizer: Any, methods: Sequence[HeadwayMethod],
+                    prompts: Sequence[list[int]], cfg: BenchConfig, room: int) -> list[dict[str, Any]]:
+    """The entries of ``report["batched"]``: one per (batch size, method), HF generate first."""
+    stops = stop_ids_of(target, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops or [0])[0]
+    max_new = max(1, min(cfg.max_new_tokens, room - max(map(len, prompts))))
+    single = HFMethod("hf-generate", "hf_generate", target, stops, pad)
+    reference = [single.generate(p, max_new, 0.0, cfg.seed).ids for p in prompts]  # unbatched greedy
+
+    def call(i: int, rows: list[list[int]]) -> BatchRun:
+        return run_hf(target, rows, max_new, stops, pad) if i == 0 else run_headway(methods[i - 1], rows, max_new)
+
+    names = ["hf-generate", *(m.name for m in methods)]
+    entries = []
+    for size in cfg.batch_size:
+        groups = batches(len(prompts), size)
+        for w in range(cfg.warmup):
+            for i in range(len(names)):
+                call(i, [prompts[j] for j in groups[w % len(groups)]])
+        runs: dict[int, list[tuple[int, list[int], BatchRun]]] = {i: [] for i in range(len(names))}
+        k = 0
+        for r in range(cfg.repeats):
+            for g in groups:
+                for i in [(x + k) % len(names) for x in range(len(names))]:
+                    runs[i].append((r, g, call(i, [prompts[j] for j in g])))
+                k += 1
+        base = _rates(runs[0])
+        for i, name in enumerate(names):
+            rates = _rates(runs[i])
+            rows = [(ids, reference[j]) for _, g, run in runs[i] for j, ids in zip(g, run.ids)]
+            new = sum(len(ids) for ids, _ in rows)
+            forwards = sum(run.row_forwards for _, _, run in runs[i])
+            m = methods[i - 1] if i else None
+            entries.append({
+                "batch_size": size, "name": name, "kind": m.kind if m else "hf_generate", "tree": m.tree if m else None,
+                "heads": m.heads_path if m else None, "tokens_per_s": statistics.median(rates.values()),
+                "tokens_per_s_by_repeat": [rates[r] for r in sorted(rates)],
+                "speedup": statistics.median(rates[r] / base[r] for r in rates if base[r]),
+                "tau": new / forwards if forwards else 0.0,
+                "exact_match": sum(ids == ref for ids, ref in rows) / len(rows),
+                "rows": len(rows), "new_tokens": new})
+    return entries
+
+
+def _rates(runs: Sequence[tuple[int, list[int], BatchRun]]) -> dict[int, float]:
+    """Repeat -> new tokens / seconds over that repeat's batches."""
+    tokens: dict[int, int] = {}
+    seconds: dict[int, float] = {}
+    for r, _, run in runs:
+        tokens[r] = tokens.get(r, 0) + sum(map(len, run.ids))
+        seconds[r] = seconds.get(r, 0.0) + run.seconds
+    return {r: tokens[r] / seconds[r] if seconds[r] else 0.0 for r in tokens}
+
+
+def render_batched(report: dict[str, Any]) -> Any:
+    """A rich ``Table``: tokens/s and speedup against HF batched generate, per batch size."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    s = report["settings"]
+    title = (f"headway bench --batch-size: {report['prompts']['count']} prompts × {s['max_new_tokens']} new tokens "
+             f"× {s['repeats']} repeats, greedy")
+    caption = ("speedup = median per-repeat ratio to HF generate (left-padded batch) at the same batch size · "
+               "τ = new tokens / (row, target forward) pairs, prefill included · exact = rows equal to the "
+               "target's unbatched greedy output")
+    table = Table(title=title, caption=caption, caption_justify="left")
+    for col in ("batch", "method", "tok/s", "speedup", "τ", "exact"):
+        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
+    for e in report["batched"]:
+        style = "red" if e["exact_match"] < 1 and e["kind"] != "hf_generate" else None
+        table.add_row(str(e["batch_size"]), escape(e["name"]), f"{e['tokens_per_s']:.1f}", f"{e['speedup']:.2f}×",
+                      f"{e['tau']:.2f}", f"{e['exact_match']:.0%}", style=style)
+    return table

@@ -1,0 +1,62 @@
+"""What a generation returns: the emitted ids and text, and its statistics (single and batched paths)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .verify import Verdict
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0  # verification forwards (prefill not counted)
+    accepted_per_depth: list[int] = field(default_factory=list)  # how often depth d+1 was accepted
+    time_prefill: float = 0.0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_bookkeeping: float = 0.0
+    time_total: float = 0.0
+    stopped_by: str = ""
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target forward (bonus included); the first token comes from prefill."""
+        return (self.new_tokens - 1) / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total else 0.0
+
+    def summary(self) -> str:
+        other = self.time_total - self.time_prefill - self.time_draft - self.time_verify
+        return (f"{self.new_tokens} tokens in {self.time_total:.2f}s ({self.tokens_per_s:.1f} tok/s), "
+                f"tau {self.tau:.2f} over {self.target_forwards} target forwards; time: draft "
+                f"{self.time_draft:.2f}s, verify {self.time_verify:.2f}s, other {other:.2f}s")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "tau": self.tau, "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass
+class GenerationOutput:
+    ids: list[int]  # new tokens only
+    text: str
+    stats: GenerationStats
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _record_depths(stats: GenerationStats, verdict: Verdict) -> None:
+    m = verdict.accepted
+    while len(stats.accepted_per_depth) < m:
+        stats.accepted_per_depth.append(0)
+    for d in range(m):
+        stats.accepted_per_depth[d] += 1
