@@ -8,6 +8,7 @@ prefix (there are at most 42), so 20,000 samples per head kind and tree shape ta
 
 import itertools
 import math
+import os
 import zlib
 
 import pytest
@@ -148,8 +149,12 @@ def seed_of(*parts) -> int:
     return zlib.crc32("/".join(parts).encode()) % 1000
 
 
-CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab")
-         for shape in ("chain-3", "mc_sim_7b_63", "dynamic-3-3-8")]
+KINDS = ("medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab")
+# Every kind with the dynamic tree (the most branching), every shape with one Medusa and one EAGLE
+# kind: 9 cases keep CI's suite short; HEADWAY_FULL_SAMPLING=1 runs all 15 (and all 5 sampled chains).
+FULL = os.environ.get("HEADWAY_FULL_SAMPLING") == "1"
+CASES = [(kind, shape) for kind in KINDS for shape in ("chain-3", "mc_sim_7b_63", "dynamic-3-3-8")
+         if FULL or shape == "dynamic-3-3-8" or kind in ("medusa", "eagle3")]
 
 
 @pytest.mark.parametrize("kind,shape", CASES)
@@ -297,16 +302,16 @@ def smoothed_heads(kind, model):
     return h
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab"])
+@pytest.mark.parametrize("kind", KINDS if FULL else ("eagle3", "medusa-vocab"))
 def test_sampled_chain_drafts_match_target(target, kind):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree="chain-3")
     probs = exact_distribution(target, params)
-    n = 10_000  # every sample drafts anew, so fewer than the memoised tests above (~40 s each)
+    n = 10_000 if FULL else 6_000  # every sample drafts anew, so fewer than the memoised tests above
     seed = {"medusa": 12, "eagle1": 13, "eagle3": 14, "medusa-vocab": 15, "eagle1-vocab": 16}[kind]
     counts = sampled_chain_samples(spec, params, n, seed=seed)
     assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
-    assert total_variation(counts, probs, n) < 0.06
+    assert total_variation(counts, probs, n) < tv_bound(probs, n)
 
 
 def test_sampled_chain_drafts_biased_verifier_is_caught(target):
