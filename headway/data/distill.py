@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -140,6 +140,18 @@ def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardSt
     return final
 
 
+def generation_dtype(dtype: str, device: Any) -> str:
+    """``auto`` for batched generation: on a CPU, bf16 where it is measured faster than fp32 (native
+    bf16 matmul: ~1.8x at batch 64), else float32; elsewhere the target loader's ``auto``."""
+    import torch
+
+    from ..hardware import bf16_is_fast
+
+    if dtype != "auto" or torch.device(device).type != "cpu":
+        return dtype
+    return "bfloat16" if bf16_is_fast("cpu") else "float32"
+
+
 def distill(cfg: DistillConfig) -> Path:
     """Distil ``cfg.source`` with ``cfg.target`` into ``cfg.output``; resumable, multi-process aware."""
     from .progress import quiet_datasets
@@ -157,6 +169,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
 
     out = Path(cfg.output).expanduser()
     procs = processes(cfg.device)
+    cfg = replace(cfg, dtype=generation_dtype(cfg.dtype, procs.device))  # the resume check sees what runs
     if procs.is_main:
         hold.enter_context(output_lock(out))
         prepare_output(out, cfg.overwrite, MANIFEST)

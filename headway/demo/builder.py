@@ -36,6 +36,7 @@ from ..publish import publishing
 
 # The config lives in a light module (re-exported here) so that `headway target build --help` needs no torch
 from .configs import PRESETS, TargetBuildConfig, default_cache_dir  # noqa: F401
+from ..hardware import bf16_is_fast
 from ..progress import Progress
 
 # Bump when the recipe changes in a way that changes the weights: old cache entries then miss.
@@ -50,6 +51,9 @@ def resolve_config(cfg: TargetBuildConfig) -> TargetBuildConfig:
     """Fill unset fields from the preset (explicit values win) and check the result."""
     preset = PRESETS[cfg.preset]
     filled = {k: (v if getattr(cfg, k) is None else getattr(cfg, k)) for k, v in preset.items()}
+    if cfg.bf16 is None and filled.get("bf16"):
+        # a preset's bf16 is for speed: without native bf16 matmul it is ~20x slower, so not here
+        filled["bf16"] = bf16_is_fast("cpu")
     if cfg.cache_dir is None:
         filled["cache_dir"] = str(default_cache_dir())
     out = dataclasses.replace(cfg, **filled)
@@ -343,6 +347,9 @@ def _build_into(folder: Path, cfg: TargetBuildConfig, progress: bool) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     _log(progress, f"training {n_params / 1e6:.2f}M parameters for {cfg.steps} steps on "
                    f"{len(train_stream):,} tokens")
+    if cfg.bf16 and not bf16_is_fast("cpu"):
+        _log(progress, "bf16 was asked for, but this CPU has no fast bf16 matmul: expect a build many times "
+                       "slower than with --no-bf16")
     result = _train(model, train_stream, cfg, progress)
     _log(progress, "evaluating on held-out code")
     loss = heldout_loss(model, held_stream, cfg.seq_len, cfg.eval_windows)

@@ -15,8 +15,9 @@ from ..config import check_choice, opt
 from ..target import BUILDERS
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # 6.3M params, 8 layers x 192: ~3,000-4,000 tokens/s training on 2 idle cores in bf16, so
-    # 720 steps of 2,048 tokens take 6-8 minutes. At a fixed token budget, batch 8 beat batch 16
+    # 6.3M params, 8 layers x 192: ~3,000-4,000 tokens/s training on 2 idle cores in bf16 (AMX), so
+    # 720 steps of 2,048 tokens take 6-8 minutes; ~10 minutes in fp32 (2,400 tok/s) on a CPU without
+    # native bf16, where the preset's bf16 is turned off (emulated bf16 ran at 125 tok/s). At a fixed token budget, batch 8 beat batch 16
     # (more updates; same tokens/s) and lr 4e-3 beat 2e-3 and 8e-3; 3e-3 hedges the longer run.
     "demo": dict(vocab_size=8192, hidden_size=192, num_layers=8, num_heads=3, num_kv_heads=1,
                  intermediate_size=512, max_position_embeddings=512, seq_len=256, batch_size=8,
@@ -73,7 +74,8 @@ class TargetBuildConfig:
     max_minutes: float | None = _preset_opt("max_minutes",
                                             "safety cap on training time; if it fires the metadata says so")
     seed: int = opt(0, "seed for initialisation and batch sampling")
-    bf16: bool | None = _preset_opt("bf16", "bf16 autocast while training (saved weights are float32)")
+    bf16: bool | None = _preset_opt("bf16", "bf16 autocast while training (saved weights are float32); a preset's "
+                                          "bf16 applies only where this CPU runs bf16 faster than fp32")
     max_corpus_mb: float | None = _preset_opt("max_corpus_mb", "use at most this many MB of train text (0 = all)")
     eval_windows: int | None = _preset_opt("eval_windows",
                                            "held-out windows of seq_len used for the held-out loss")

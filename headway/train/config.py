@@ -158,8 +158,8 @@ class TrainConfig(TargetArgs):
                                        "continues the same run (for time-boxed sessions)")
     batch_size: int = opt(8, "rows per process per micro-batch")
     grad_accum: int = opt(1, "micro-batches per optimiser step (global batch = batch_size * processes * grad_accum)")
-    mixed_precision: str = opt("no", "accelerate mixed precision: no, bf16, fp16, or auto (bf16 where the GPU "
-                                     "supports it, else no)", choices=PRECISIONS)
+    mixed_precision: str = opt("no", "accelerate mixed precision: no, bf16, fp16, or auto (bf16 where it is fast: "
+                                     "a GPU that supports it, a CPU measured faster in bf16 than fp32; else no)", choices=PRECISIONS)
     save_every: int = opt(500, "save a resumable checkpoint every N optimiser steps (and always at the end); 0 = end only")
     keep_checkpoints: int = opt(2, "keep the newest N checkpoints (0 keeps all)")
     resume_from: str | None = opt(None, "'latest' (the newest complete checkpoint in output_dir, or a fresh start "

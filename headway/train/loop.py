@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import to_dict
+from ..hardware import bf16_is_fast
 from ..progress import Progress
 from .batch import (TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch, stored_keys,
                     target_batch)
@@ -366,14 +367,22 @@ def make_scheduler(optimizer: torch.optim.Optimizer, total: int, o: OptimConfig)
 
 
 # -- accelerate plumbing ---------------------------------------------------------------------
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
 def make_accelerator(cfg: TrainConfig) -> Any:
     from accelerate import Accelerator, DataLoaderConfiguration
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration
 
     mp = cfg.mixed_precision
-    if mp == "auto":
-        mp = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+    on_cpu = cfg.device == "cpu" or not torch.cuda.is_available() or _env_true("ACCELERATE_USE_CPU")
+    if mp == "auto":  # bf16 where it is fast: a GPU that has it, a CPU measured faster in bf16 than fp32
+        mp = "bf16" if bf16_is_fast("cpu" if on_cpu else "cuda") else "no"
+    elif mp == "bf16" and on_cpu and not bf16_is_fast("cpu") and PartialState().is_main_process:
+        print("warning: mixed_precision=bf16 on a CPU without fast bf16 matmul (emulated bf16 is many times "
+              "slower than fp32 here); mixed_precision=auto picks what is fast", file=sys.stderr, flush=True)
     log_with = None if cfg.report_to == "none" else [cfg.report_to]
     # AcceleratorState is a per-process singleton that refuses a second mixed_precision; reset it
     # (not the distributed PartialState) so several runs can share one process (tests, notebooks).
