@@ -1,8 +1,10 @@
 """Training with a sharded frozen target: the accelerate configs, the wrap plan, and FSDP2 on 2 CPU processes."""
 
 import json
+import os
 import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +17,7 @@ from headway.heads import load_heads
 from headway.testing import save_tiny_target, tiny_target
 from headway.train.sharding import shard_plan, sharding_backend
 
-from train_utils import REPO, distilled_rows, run_cli, save_rows
+from train_utils import OFFLINE_ENV, REPO, distilled_rows, run_cli, save_rows
 
 CONFIGS = REPO / "configs" / "accelerate"
 
@@ -73,6 +75,8 @@ save_every: 0
 eval_fraction: 0.2
 progress: false
 mixed_precision: "no"
+eagle:
+  noise: 0  # EAGLE-1's input noise is drawn per process's batch, so it cannot match a 1-process run
 """
 
 
@@ -107,7 +111,7 @@ def test_fsdp_shards_the_target_on_two_cpu_processes_and_matches_one(tmp_path):
 
     start1, start2 = records(tmp_path / "one")[0], records(tmp_path / "two")[0]
     assert start1["world_size"] == 1 and start2["world_size"] == 2
-    assert start1["global_batch"] == start2["global_batch"] == 16
+    assert start1["global_batch"] == start2["global_batch"] == 8
     assert start1["target_sharding"] is None
     model, _ = tiny_target()
     layers = sum(p.numel() for p in model.model.layers.parameters())
@@ -129,3 +133,21 @@ def test_fsdp_shards_the_target_on_two_cpu_processes_and_matches_one(tmp_path):
         torch.testing.assert_close(s2[k], v, rtol=1e-4, atol=1e-5)
     e1, e2 = h1.metadata["eval"], h2.metadata["eval"]
     assert e1["positions"] == e2["positions"] and e1["tau"] == pytest.approx(e2["tau"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_fsdp_sharded_heads_evaluate_check_and_save_whole(tmp_path):
+    """What accelerate's FSDP does to the heads on GPUs (it has no FSDP on CPU), done by hand on 2
+    CPU processes: evaluation through forward equals the unsharded heads, a NaN in one process's
+    shard is named on every process, and the saved heads are whole tensors equal to the unsharded."""
+    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_port", str(free_port()), str(REPO / "tests" / "fsdp_heads_worker.py"),
+                        str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert [f["rank"] for f in found] == [0, 1]
+    for f in found:
+        assert f["sharded"] and f["sharded_again"] and f["eval_equal"]
+        assert f["nan_before"] is None and f["nan_after"] == "heads.blocks.1.layers.0.weight"
+    assert found[0]["saved_plain"] and found[0]["saved_equal"] and found[1]["whole_elsewhere"] is None

@@ -961,7 +961,9 @@ def whole_heads(run: TrainRun) -> Any:
     """The trained heads with whole weights: themselves, or (heads sharded by FSDP) an unsharded
     copy gathered from every process, on the main process (None elsewhere). Every process calls it."""
     heads = run.inner.heads
-    if not any(is_sharded(p) for p in heads.parameters()):
+    # FSDP2 may hold the weights whole right now (its root keeps them after a forward), but its
+    # state dict is always of shards: ask the state dict, not the parameters
+    if not any(is_sharded(v) for v in heads.state_dict().values()):
         return heads
     state = full_state(heads)
     if not run.accelerator.is_main_process:

@@ -153,8 +153,9 @@ def local_part(t: Tensor) -> Tensor:
 def full_state(module: nn.Module) -> dict[str, Tensor]:
     """``module``'s state dict with whole CPU tensors, sharded parameters gathered (a collective:
     every process calls it; under FSDP2 only the main process receives the tensors)."""
-    if not any(is_sharded(p) for p in module.parameters()):
-        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    state = module.state_dict()
+    if not any(is_sharded(v) for v in state.values()):
+        return {k: v.detach().cpu() for k, v in state.items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
