@@ -649,7 +649,7 @@ def with_features_data(cfg: TrainConfig) -> TrainConfig:
 
 
 def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = None) -> Path:
-    """``train`` on a target already loaded (frozen; moved to the accelerator's device, never wrapped)."""
+    """``train`` on a target already loaded (frozen; on the accelerator's device, sharded when accelerate shards)."""
     with contextlib.ExitStack() as hold:  # hold: output_dir's lock, until training ends or fails
         run = setup(cfg, target, tokenizer, accelerator, hold)
         run_steps(run)

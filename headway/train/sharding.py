@@ -25,7 +25,6 @@ import copy
 import os
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 
