@@ -15,7 +15,8 @@ from accelerate.utils import DistributedType
 
 from headway.heads import load_heads
 from headway.testing import save_tiny_target, tiny_target
-from headway.train.sharding import shard_plan, sharding_backend
+from headway.heads import Eagle1Drafter
+from headway.train.sharding import own_borrowed, shard_plan, sharding_backend
 
 from train_utils import OFFLINE_ENV, REPO, distilled_rows, run_cli, save_rows
 
@@ -30,6 +31,22 @@ def test_shard_plan_wraps_each_decoder_layer():
 def test_shard_plan_refuses_a_model_without_layer_classes():
     with pytest.raises(ValueError, match="_no_split_modules"):
         shard_plan(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_own_borrowed_gives_the_heads_whole_frozen_copies(tied):
+    """Before ZeRO-3 partitions the target, the heads' embeddings and lm_head become their own
+    copies: equal values, other tensors, no grad, and a tied weight stays one tensor."""
+    model, _ = tiny_target(tie_word_embeddings=tied)
+    heads = Eagle1Drafter.for_target(model)
+    own_borrowed(heads)
+    emb, head = heads.target_embed, heads.target_lm_head
+    assert emb is not model.get_input_embeddings() and head is not model.get_output_embeddings()
+    assert emb.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+    torch.testing.assert_close(emb.weight, model.get_input_embeddings().weight, rtol=0, atol=0)
+    torch.testing.assert_close(head.weight, model.get_output_embeddings().weight, rtol=0, atol=0)
+    assert not emb.weight.requires_grad and not head.weight.requires_grad
+    assert (emb.weight is head.weight) == tied
 
 
 def fake_accelerator(kind: DistributedType, processes: int = 2, zero_stage: int = 3) -> SimpleNamespace:
