@@ -1,8 +1,9 @@
 """The one training loop, on accelerate: parse -> build -> train -> save.
 
-The frozen target is moved to the device and never wrapped; only the trainable module
+The frozen target is moved to the device and never trained; only the trainable module
 (heads, plus the target's LoRA for Medusa-2), optimiser, scheduler and training dataloader
-go through ``accelerator.prepare``. What differs per head kind is a ``Task`` (tasks.py).
+go through ``accelerator.prepare``. When accelerate shards (FSDP, DeepSpeed ZeRO-3) the frozen
+target is sharded too (``sharding.py``). What differs per head kind is a ``Task`` (tasks.py).
 
 Rows come from a distilled Arrow dataset (``data``: the target runs each step) or from a
 ``headway features`` folder (``features``: offline, the stored states are read memory-mapped
@@ -42,6 +43,7 @@ from .losses import IGNORE_INDEX, medusa_labels
 from .metrics import json_safe
 from .registry import TASKS
 from .rows import FeatureRows, load_rows
+from .sharding import full_state, is_sharded, local_part, shard_sizes, shard_target
 from .tasks import ParamGroup, Task
 
 
@@ -296,7 +298,11 @@ class TrainModule(nn.Module):
                                 self.stored_device, self.stored_dtype)
         return target_batch(self.run_target(), batch, self.layers, need_logits, need_ref=self.adapted, grad=grad)
 
-    def forward(self, batch: dict[str, Any], step: int) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, batch: dict[str, Any], step: int, evaluate: bool = False) -> Any:
+        """The step's (loss, metrics); with ``evaluate`` the held-out sums (``evaluate``). Evaluation
+        goes through ``forward`` too: under FSDP the heads' weights are whole only inside it."""
+        if evaluate:
+            return self.evaluate(batch)
         tb = self.target_batch(batch, self.task.needs_logits(), grad=self.adapted)
         return self.task.loss(self.heads, tb, step)
 
@@ -532,7 +538,7 @@ def evaluate(module: TrainModule, loader: DataLoader, accelerator: Any, cfg: Tra
         if cfg.eval_max_batches is not None and i >= cfg.eval_max_batches:
             break
         with accelerator.autocast():
-            stats = module.evaluate(batch)
+            stats = module(batch, 0, evaluate=True)
         for k, v in stats.items():
             totals[k] = totals[k] + v.detach() if k in totals else v.detach().clone()
     totals = {k: accelerator.reduce(v.to(accelerator.device), reduction="sum").cpu() for k, v in sorted(totals.items())}
@@ -606,13 +612,16 @@ def non_finite_message(module: TrainModule, cfg: TrainConfig, step: int, batches
             f"or set optim.max_grad_norm{tail}")
 
 
-def non_finite_weight(module: TrainModule) -> str | None:
+def non_finite_weight(module: TrainModule, accelerator: Any = None) -> str | None:
     """The name of the first trainable weight that holds a NaN/inf (one sync), or None: heads with
-    such weights are never written."""
+    such weights are never written. Sharded weights (FSDP) are checked shard by shard on every
+    process (a collective then: every process calls it)."""
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     if not named:
         return None
-    finite = torch.stack([torch.isfinite(p.detach()).all() for _, p in named])  # (P,) bool
+    finite = torch.stack([torch.isfinite(local_part(p.detach())).all() for _, p in named])  # (P,) bool
+    if accelerator is not None and accelerator.num_processes > 1 and any(is_sharded(p) for _, p in named):
+        finite = accelerator.reduce(finite.float(), reduction="sum") == accelerator.num_processes
     if bool(finite.all()):
         return None
     return named[int((~finite).nonzero()[0])][0]
@@ -640,7 +649,7 @@ def with_features_data(cfg: TrainConfig) -> TrainConfig:
 
 
 def fit(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any = None) -> Path:
-    """``train`` on a target already loaded (frozen; moved to the accelerator's device, never wrapped)."""
+    """``train`` on a target already loaded (frozen; on the accelerator's device, sharded when accelerate shards)."""
     with contextlib.ExitStack() as hold:  # hold: output_dir's lock, until training ends or fails
         run = setup(cfg, target, tokenizer, accelerator, hold)
         run_steps(run)
@@ -672,6 +681,7 @@ class TrainRun:
     last_eval: dict[str, Any] | None = None
     last_loss: float | None = None
     pending_tokens: Tensor | None = None  # tokens of the steps since the last log line (on the device)
+    sharding: dict[str, Any] | None = None  # how the frozen target is sharded (sharding_record)
 
     @property
     def out(self) -> Path:
@@ -727,19 +737,35 @@ def setup(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any,
     optimizer = make_optimizer(task.param_groups(heads, model), cfg.optim)
     scheduler = make_scheduler(optimizer, steps, cfg.optim)
     module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
-    if adapted:
+    inner = accelerator.unwrap_model(module)
+    sharding = None
+    if adapted:  # the adapted target is inside the prepared module: accelerate shards it with the heads
         accelerator.register_save_state_pre_hook(trainable_only_hook)
+    else:
+        frozen, backend = shard_target(target, heads, accelerator)
+        object.__setattr__(inner, "frozen_target", frozen)
+        sharding = sharding_record(frozen, backend, accelerator)
     ev_loader = eval_loader(eval_rows, cfg, accelerator, pad_id) if eval_rows is not None else None
 
     if accelerator.is_main_process:  # every refusal above wrote nothing; from here on the folder is ours
         claim_run_folder(cfg, hold)
     accelerator.wait_for_everyone()
-    run = TrainRun(cfg, accelerator, task, module, accelerator.unwrap_model(module), optimizer, scheduler, loader,
+    run = TrainRun(cfg, accelerator, task, module, inner, optimizer, scheduler, loader,
                    ev_loader, RunLog(accelerator, Path(cfg.output_dir) / "log.jsonl", main_console(accelerator)),
-                   tokenizer, len(train_rows), steps, steps, global_batch)
+                   tokenizer, len(train_rows), steps, steps, global_batch, sharding=sharding)
     resume = resume_run(run, adapted)
     start_log(run, resume, len(eval_rows) if eval_rows is not None else 0)
     return run
+
+
+def sharding_record(target: nn.Module, backend: str | None, accelerator: Any) -> dict[str, Any] | None:
+    """How the frozen target is spread over the processes, for the log: the backend, its parameter
+    count and how many each process holds (a collective). None when every process holds it whole."""
+    if backend is None:
+        return None
+    held, whole = shard_sizes(target)
+    per_rank = accelerator.gather(torch.tensor([held], device=accelerator.device)).tolist()
+    return {"backend": backend, "params": whole, "params_per_rank": per_rank}
 
 
 def check_accumulation(accelerator: Any, cfg: TrainConfig) -> None:
@@ -793,10 +819,13 @@ def start_log(run: TrainRun, resume: Path | None, eval_rows: int) -> None:
                                       init_kwargs={"wandb": wandb_kwargs(cfg, run.out)})
     run.log.write({"event": "start", "step": step, "world_size": run.world, "total_steps": run.steps,
                    "global_batch": run.global_batch, "resumed_from": str(resume) if resume else None, "kind": cfg.kind,
-                   "train_rows": run.train_rows, "eval_rows": eval_rows, "features": cfg.features},
+                   "train_rows": run.train_rows, "eval_rows": eval_rows, "features": cfg.features,
+                   "target_sharding": run.sharding},
                   text=f"training {cfg.kind} heads: {run.steps} steps, global batch {run.global_batch} on {run.world} "
                        "process(es)" + (f", from stored features {cfg.features}" if cfg.features else "")
-                       + (f", resuming at step {step}" if step else ""))
+                       + (f", resuming at step {step}" if step else "")
+                       + (f"; target sharded ({run.sharding['backend']}): {run.sharding['params_per_rank']} of "
+                          f"{run.sharding['params']} parameters per process" if run.sharding else ""))
 
 
 def wandb_kwargs(cfg: TrainConfig, out: Path) -> dict[str, Any]:
@@ -887,7 +916,7 @@ def log_eval(run: TrainRun) -> None:
 
 def save_step(run: TrainRun) -> None:
     """A resumable checkpoint of this step; never one holding a NaN/inf weight."""
-    bad = non_finite_weight(run.inner)
+    bad = non_finite_weight(run.inner, run.accelerator)
     if bad:
         stop_non_finite(run, run.step, f"training stopped at step {run.step}: the weight {bad} is NaN/inf after the "
                                        "optimiser step; no checkpoint was saved. Lower optim.lr or set "
@@ -911,12 +940,13 @@ def finish(run: TrainRun) -> Path:
     if run.ev_loader is not None:
         log_eval(run)
     final = run.out / "final"
-    bad = non_finite_weight(run.inner)
+    bad = non_finite_weight(run.inner, acc)
     if bad:
         stop_non_finite(run, step, f"training stopped after step {step}: the weight {bad} is NaN/inf; the final "
                                    "heads were not saved. Lower optim.lr or set optim.max_grad_norm")
+    heads = whole_heads(run)  # a collective when the heads are sharded
     if acc.is_main_process:
-        save_final(run, final)
+        save_final(run, final, heads)
     acc.wait_for_everyone()
     tps = run.tokens_seen / max(run.train_time, 1e-9)
     run.log.write({"event": "done", "step": step, "final": str(final), "train_time_s": run.train_time,
@@ -927,9 +957,29 @@ def finish(run: TrainRun) -> Path:
     return final
 
 
-def save_final(run: TrainRun, final: Path) -> None:
+def whole_heads(run: TrainRun) -> Any:
+    """The trained heads with whole weights: themselves, or (heads sharded by FSDP) an unsharded
+    copy gathered from every process, on the main process (None elsewhere). Every process calls it."""
+    heads = run.inner.heads
+    # FSDP2 may hold the weights whole right now (its root keeps them after a forward), but its
+    # state dict is always of shards: ask the state dict, not the parameters
+    if not any(is_sharded(v) for v in heads.state_dict().values()):
+        return heads
+    state = full_state(heads)
+    if not run.accelerator.is_main_process:
+        return None
+    plain = type(heads)(heads.config, heads.target_info)
+    plain.load_state_dict(state)  # strict: every tensor, whole, on the CPU
+    plain.metadata = heads.metadata
+    for key in ("_target_embed", "_target_lm_head"):  # the borrowed target modules, as the trained heads have
+        object.__setattr__(plain, key, heads.__dict__.get(key))
+    return plain
+
+
+def save_final(run: TrainRun, final: Path, heads: Any = None) -> None:
     """Main process: the heads with their training record, tokenizer, eval and calibration."""
-    cfg, heads = run.cfg, run.inner.heads
+    cfg = run.cfg
+    heads = heads if heads is not None else run.inner.heads
     heads.metadata["training"] = {
         "kind": cfg.kind, "target": cfg.target, "data": str(cfg.data), "features": cfg.features,
         "train_rows": run.train_rows, "steps": run.steps, "global_batch": run.global_batch, "world_size": run.world,
