@@ -83,8 +83,9 @@ def check(name: str, args: argparse.Namespace, work: Path) -> dict:
     from headway.target import load_target
 
     target = find_target(name, work)
-    hf, hf_m, hf_wall = run(target, "hf", work / f"{name}-hf", args)
-    vl, vl_m, vl_wall = run(target, "vllm", work / f"{name}-vllm", args)
+    label = target.name  # outputs under WORK, whatever the target's path
+    hf, hf_m, hf_wall = run(target, "hf", work / f"{label}-hf", args)
+    vl, vl_m, vl_wall = run(target, "vllm", work / f"{label}-vllm", args)
     model, _ = load_target(str(target), "float32", "cpu")
     same = [a == b for a, b in zip(hf, vl)]
     diffs = [dict(index=a["index"], **tie_report(model, a["input_ids"], b["input_ids"]))

@@ -274,6 +274,7 @@ def test_max_model_len_holds_every_turn():
 REAL = os.environ.get("HEADWAY_VLLM_PYTHON")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not REAL, reason="set HEADWAY_VLLM_PYTHON to a vLLM environment's python to run the real engine")
 def test_real_vllm_rows_equal_the_hf_backend(sources, tmp_path, tmp_path_factory):
     """A tiny random Llama with head_dim 32 (vLLM's CPU attention needs >= 32), greedy, fp32."""
