@@ -124,6 +124,8 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     names = [t for t in args.targets if t != "demo" or list(Path("~/.cache/headway/targets").expanduser()
                                                           .glob("demo-*/config.json"))]
+    if len(names) < len(args.targets):
+        print("no built demo target in ~/.cache/headway/targets: skipped (`headway target build` builds it)")
     results = []
     for name in names:
         r = check(name, args, work)

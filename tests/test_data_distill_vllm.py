@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM
 __version__ = "0.0+fake"
 SHIFT = int(os.environ.get("FAKE_VLLM_SHIFT", "0"))  # the control: a wrong first token
 DIE_AT = int(os.environ.get("FAKE_VLLM_DIE_AT_CALL", "0"))  # a crash in the middle of a run
+HANG_AT = int(os.environ.get("FAKE_VLLM_HANG_AT_CALL", "0"))  # a request that takes minutes
 
 
 class SamplingParams:
@@ -68,6 +69,9 @@ class LLM:
         eos = self.model.generation_config.eos_token_id  # vLLM stops at the model's own EOS as well
         self.eos = set([eos] if isinstance(eos, int) else eos or [])
         self.max_model_len, self.calls = max_model_len, 0
+        if os.environ.get("FAKE_VLLM_PIDFILE"):
+            with open(os.environ["FAKE_VLLM_PIDFILE"], "w") as f:
+                f.write(str(os.getpid()))
 
     @torch.no_grad()
     def _one(self, ids, p):
@@ -90,6 +94,9 @@ class LLM:
         self.calls += 1
         if self.calls == DIE_AT:
             os._exit(9)
+        if self.calls == HANG_AT:
+            import time
+            time.sleep(300)
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         for x, p in zip(prompts, params):
             assert len(x["prompt_token_ids"]) + p.max_tokens <= self.max_model_len
@@ -184,6 +191,47 @@ def test_an_engine_dying_mid_run_resumes_to_the_same_dataset(llama_dir, sources,
     assert resumed == hf_rows["plain"]
     with pytest.raises(ResumeMismatchError, match='engine="vllm", but this run has engine="hf"'):
         distill(cfg_for(llama_dir, sources["plain"], out))  # finished: still refused
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie, reparented to an init that does not reap, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_killing_headway_mid_request_ends_the_engine_and_the_rerun_resumes(llama_dir, sources, hf_rows, tmp_path):
+    """kill -9 of headway while the engine works on shard 1: the engine goes too (its watchdog), shard 0
+    stays, and a rerun gives the full dataset."""
+    import subprocess
+    import time
+
+    out, pidfile = tmp_path / "out", tmp_path / "engine.pid"
+    hanging = fake_python(tmp_path, "hanging", FAKE_VLLM_HANG_AT_CALL="2", FAKE_VLLM_PIDFILE=str(pidfile))
+    code = ("import sys; from headway.data.distill import DistillConfig, distill; "
+            f"distill(DistillConfig(source={str(sources['plain'])!r}, output={str(out)!r}, target={str(llama_dir)!r}, "
+            f"max_new_tokens=12, batch_size=3, shard_size=4, engine='vllm', vllm_python={str(hanging)!r}))")
+    repo = str(Path(__file__).resolve().parents[1])
+    headway = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "shards" / "shard-00000").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (out / "shards" / "shard-00000").exists() and pidfile.exists()
+    finally:
+        headway.kill()
+        headway.wait()
+    engine = int(pidfile.read_text())
+    deadline = time.monotonic() + 20
+    while alive(engine) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(engine)
+    assert sorted(p.name for p in (out / "shards").iterdir()) == ["shard-00000"]
+    resumed = load_distilled(distill(cfg_for(llama_dir, sources["plain"], out, engine="vllm",
+                                             vllm_python=str(fake_python(tmp_path))))).to_list()
+    assert resumed == hf_rows["plain"]
 
 
 def test_a_folder_written_before_engines_were_recorded_resumes_as_hf(llama_dir, sources, tmp_path):

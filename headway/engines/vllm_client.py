@@ -94,8 +94,8 @@ class VllmWorker:
                                   f"environment with: {INSTALL}") from None
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self.stop(60.0 if exc_type is None else 0.0)  # on an error or Ctrl-C: no waiting for a busy engine
 
     def wait_ready(self) -> str:
         """Block until the engine has started; its vLLM version."""

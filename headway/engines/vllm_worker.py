@@ -8,7 +8,7 @@ its torch / transformers versions).
 ``max_model_len``, ``seed``, ``parent_pid``). The worker starts one engine, writes ``ready.json``
 (``{"vllm": version}``), then answers ``req-00001.json``, ``req-00002.json``, ... with
 ``res-NNNNN.json``, in order, until a request says ``{"stop": true}`` or the parent process is gone
-(so a killed headway leaves no engine behind). A request::
+(a thread watches for that even mid-request, so a killed headway leaves no engine behind). A request::
 
     {"prompts": [[ids]], "seeds": [int | null], "temperature": float, "top_p": float, "top_k": int,
      "max_tokens": int, "stop_token_ids": [int]}
@@ -21,7 +21,9 @@ and exits 1.
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,6 +45,16 @@ def wait_for(path: Path, parent: int) -> "dict | None":
     return json.loads(path.read_text())
 
 
+def watch_parent(parent: int) -> None:
+    """End this process group (the worker and vLLM's engine processes) once headway is gone, even in
+    the middle of a request: a killed headway must not leave an engine computing for nobody."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os.killpg(os.getpgid(0), signal.SIGTERM)  # headway started the worker in a session of its own
+    time.sleep(5)
+    os._exit(1)
+
+
 def answer(llm: object, sampling_params: type, req: dict) -> dict:
     """One request: a list of SamplingParams (one seed per prompt, so a row's sample does not depend
     on which other rows share its batch)."""
@@ -57,6 +69,7 @@ def answer(llm: object, sampling_params: type, req: dict) -> dict:
 
 def main(workdir: Path) -> int:
     job = json.loads((workdir / "engine.json").read_text())
+    threading.Thread(target=watch_parent, args=(job["parent_pid"],), daemon=True).start()
     phase = "import"
     try:
         import vllm
