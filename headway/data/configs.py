@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from .generation import SamplingSettings
 
 STORE_DTYPE_NAMES = ("bfloat16", "float16", "float32")
+# what writes the answers: transformers in this process, or vLLM in its own environment (engines/)
+ENGINES = ("hf", "vllm")
 
 
 @dataclass
@@ -46,11 +48,20 @@ class DistillConfig(TargetArgs):
     shard_size: int = opt(256, "prompts per shard (the unit of resumption)")
     skip_bad_rows: bool = opt(False, "skip malformed rows (and report how many) instead of stopping")
     overwrite: bool = opt(False, "delete the output folder first")
+    engine: str = opt("hf", "what writes the answers: hf (transformers, here) or vllm (vLLM in its own virtual "
+                            "environment, see --vllm-python; the same rows as hf at temperature 0, where fp32 "
+                            "logits are not near-tied; sampled rows are seeded but differ from hf's)",
+                      choices=ENGINES)
+    vllm_python: str | None = opt(None, "--engine vllm: the Python of a vLLM environment (default: "
+                                        "$HEADWAY_VLLM_PYTHON)")
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.engine == "vllm" and self.adapter:
+            raise DataError("--engine vllm cannot apply a PEFT adapter (--adapter); merge it into the target "
+                            "first, or use --engine hf")
         self.sampling()  # validates the sampling settings
 
     def sampling(self) -> SamplingSettings:

@@ -12,6 +12,10 @@ Rows: ``index`` (position in the prompt stream), ``id`` (the source row's id), `
 ``loss_mask`` (1 exactly on the tokens the target wrote, its stop token included),
 ``finish_reason`` (``stop`` or ``length``). Several processes (``accelerate launch``) split the
 shards; the result equals a single-process run.
+
+The answers come from an engine (``cfg.engine``, a ``generation.Generate``): transformers in this
+process (``hf``), or vLLM in its own environment (``vllm``, see ``vllm_engine``), which gets the
+same prompt ids and stop tokens and writes the same rows through the same code here.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .errors import DataError, ResumeMismatchError
-from .generation import SamplingSettings, generate_batch, stop_token_ids
+from .generation import Generate, hf_generate, stop_token_ids
 from .configs import DistillConfig  # noqa: F401  (re-exported; light, for --help)
 from .plans import Plan, fit_budget, make_plan
 from ..publish import publish, publishing
@@ -49,6 +53,7 @@ class ShardStats:
     generated_tokens: int = 0
     seconds: float = 0.0
     rank: int = 0  # the process that wrote the shard
+    engine: str = "hf"  # what wrote it, with its version ("transformers 5.x", "vllm 0.32.0")
 
 
 @dataclass
@@ -75,9 +80,8 @@ def batch_seed(seed: int, first_index: int, turn: int) -> int:
     return (seed * 1_000_003 + first_index * 1_009 + turn) % (2**63)
 
 
-def distill_batch(model: Any, tokenizer: Any, plans: list[Plan], settings: SamplingSettings, stop_ids: list[int],
-                  pad_id: int, seed: int) -> list[Conversation]:
-    """Answer every turn of every plan: turn k of all conversations is one left-padded batch,
+def distill_batch(generate: Generate, tokenizer: Any, plans: list[Plan], seed: int) -> list[Conversation]:
+    """Answer every turn of every plan: turn k of all conversations is one ``generate`` call,
     each conditioned on the conversation's tokens so far (its earlier answers regenerated)."""
     convs = [Conversation(p) for p in plans]
     for c in convs:
@@ -91,8 +95,8 @@ def distill_batch(model: Any, tokenizer: Any, plans: list[Plan], settings: Sampl
                     c.add(tokenizer(piece[len(c.stop_text):], add_special_tokens=False)["input_ids"], False)
                 else:
                     c.add(c.plan.piece_ids[turn], False)
-        answers = generate_batch(model, [c.input_ids for c in active], settings, stop_ids, pad_id,
-                                 seed=batch_seed(seed, plans[0].index, turn))
+        answers = generate([c.input_ids for c in active], batch_seed(seed, plans[0].index, turn),
+                           [batch_seed(seed, c.plan.index, turn) for c in active])
         for c, a in zip(active, answers):
             c.add(a.tokens, True)
             c.stop_text = tokenizer.decode(a.tokens[-1:]) if a.stopped else None
@@ -101,8 +105,8 @@ def distill_batch(model: Any, tokenizer: Any, plans: list[Plan], settings: Sampl
     return convs
 
 
-def distill_shard(model: Any, tokenizer: Any, plans: list[Plan], cfg: DistillConfig, stop_ids: list[int],
-                  pad_id: int, on_batch: Callable[[int, int], None]) -> tuple[list[dict[str, Any]], ShardStats]:
+def distill_shard(generate: Generate, tokenizer: Any, plans: list[Plan | None], cfg: DistillConfig, batch_size: int,
+                  on_batch: Callable[[int, int], None]) -> tuple[list[dict[str, Any]], ShardStats]:
     """Rows and stats for one shard's plans (already fitted to the budget; None = dropped)."""
     stats = ShardStats(dropped=sum(p is None for p in plans))
     kept = [p for p in plans if p is not None]
@@ -110,9 +114,9 @@ def distill_shard(model: Any, tokenizer: Any, plans: list[Plan], cfg: DistillCon
     rows = []
     start = time.perf_counter()
     on_batch(stats.dropped, 0)
-    for b in range(0, len(kept), cfg.batch_size):
-        batch = kept[b: b + cfg.batch_size]
-        convs = distill_batch(model, tokenizer, batch, cfg.sampling(), stop_ids, pad_id, cfg.seed)
+    for b in range(0, len(kept), batch_size):
+        batch = kept[b: b + batch_size]
+        convs = distill_batch(generate, tokenizer, batch, cfg.seed)
         new = sum(sum(c.loss_mask) for c in convs)
         stats.generated_tokens += new
         stats.prompt_tokens += sum(len(c.loss_mask) - sum(c.loss_mask) for c in convs)
@@ -161,15 +165,23 @@ def distill(cfg: DistillConfig) -> Path:
 
 
 def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
-    from ..target import TargetInfo, load_target
+    from ..target import TargetInfo, load_target, load_target_shell, resolve_target_path
     from .chat import load_chat_template
     from .progress import TokenProgress, console
     from .runtime import processes
-    from ..target import resolve_target_path
 
     out = Path(cfg.output).expanduser()
     procs = processes(cfg.device)
-    cfg = replace(cfg, dtype=generation_dtype(cfg.dtype, procs.device))  # the resume check sees what runs
+    if cfg.engine == "vllm":
+        from ..engines.vllm_client import find_vllm_python
+
+        find_vllm_python(cfg.vllm_python)  # a missing vLLM environment fails before anything loads
+        if procs.world_size > 1:
+            raise DataError("--engine vllm runs in one process (vLLM batches by itself); start it without "
+                            "accelerate launch")
+    # the resume check sees what runs; vLLM's own bf16 speed is not measured here, so its auto is fp32
+    dtype = generation_dtype(cfg.dtype, procs.device) if cfg.engine == "hf" else cfg.dtype.replace("auto", "float32")
+    cfg = replace(cfg, dtype=dtype)
     if procs.is_main:
         hold.enter_context(output_lock(out))
         prepare_output(out, cfg.overwrite, MANIFEST)
@@ -177,7 +189,10 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     procs.barrier()
     with procs.state.main_process_first():
         target_path = resolve_target_path(cfg.target)
-    model, tokenizer = load_target(target_path, cfg.dtype, procs.device, cfg.adapter, cfg.revision)
+    if cfg.engine == "vllm":  # vLLM loads the weights; here only the config, generation config and tokenizer
+        model, tokenizer = load_target_shell(target_path, cfg.revision)
+    else:
+        model, tokenizer = load_target(target_path, cfg.dtype, procs.device, cfg.adapter, cfg.revision)
     template = load_chat_template(tokenizer, cfg.chat_template)
     src = read_samples(cfg.source, split=cfg.split, limit=cfg.limit, skip_bad_rows=cfg.skip_bad_rows,
                        tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens, seed=cfg.seed)
@@ -188,7 +203,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     settings = distill_settings(cfg, template, src)
     with procs.state.main_process_first():
         manifest = check_settings(out / MANIFEST, settings, {"format": FORMAT, "target_path": target_path,
-                                                            "target_info": asdict(info)})
+                                                            "target_info": asdict(info)}, SETTING_DEFAULTS)
     say = console().print if procs.is_main else (lambda *a, **k: None)
     if src.bad:
         say(f"skipped {len(src.bad)} bad row(s); first: {src.bad[0]}")
@@ -206,20 +221,44 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     if done:
         say(f"resuming: {len(done)} of {len(ranges)} shards already done")
-    with TokenProgress(f"distill [{procs.rank}/{procs.world_size}]" if procs.world_size > 1 else "distill",
-                       sum(len(ranges[j]) for j in todo), enabled=procs.is_main, unit="prompts") as bar:
-        for j in todo:
-            plans = [fit_budget(make_plan(i, src.samples[i], tokenizer, template, cfg.prompt_format, cfg.target),
-                                cfg.max_prompt_tokens, cfg.overlong) for i in ranges[j]]
-            rows, stats = distill_shard(model, tokenizer, plans, cfg, stop_ids, pad_id, bar.advance)
-            stats.rank = procs.rank
-            write_shard(shards_dir, j, rows, stats)
+    plans = {j: [fit_budget(make_plan(i, src.samples[i], tokenizer, template, cfg.prompt_format, cfg.target),
+                            cfg.max_prompt_tokens, cfg.overlong) for i in ranges[j]] for j in todo}
+    with answer_engine(cfg, model, target_path, plans, stop_ids, pad_id, out, say, bool(todo)) as (generate, name):
+        with TokenProgress(f"distill [{procs.rank}/{procs.world_size}]" if procs.world_size > 1 else "distill",
+                           sum(len(ranges[j]) for j in todo), enabled=procs.is_main, unit="prompts") as bar:
+            for j in todo:
+                # vLLM batches by itself: a shard's turn is one request (per-row seeds keep rows batch-free)
+                batch_size = cfg.batch_size if cfg.engine == "hf" else max(len(plans[j]), 1)
+                rows, stats = distill_shard(generate, tokenizer, plans[j], cfg, batch_size, bar.advance)
+                stats.rank, stats.engine = procs.rank, name
+                write_shard(shards_dir, j, rows, stats)
     procs.barrier()
     if procs.is_main:
         summary = finish(out, len(ranges), info.vocab_size, manifest, settings, len(src.bad), procs.world_size)
         say(summary_line(summary, out))
     procs.barrier()
     return out
+
+
+@contextlib.contextmanager
+def answer_engine(cfg: DistillConfig, model: Any, target_path: str, plans: dict[int, list[Plan | None]],
+                  stop_ids: list[int], pad_id: int, out: Path, say: Callable[..., Any],
+                  needed: bool) -> Iterator[tuple[Generate, str]]:
+    """(generate, "ENGINE VERSION") for this run: transformers on the loaded model, or one vLLM
+    engine for all the shards still to do (not started when none is)."""
+    if cfg.engine == "hf" or not needed:
+        import transformers
+
+        yield hf_generate(model, cfg.sampling(), stop_ids, pad_id), f"transformers {transformers.__version__}"
+        return
+    from ..target import resolve_folder
+    from .vllm_engine import vllm_engine
+
+    kept = [p for ps in plans.values() for p in ps if p is not None]
+    limit = getattr(model.config, "max_position_embeddings", None)
+    with vllm_engine(cfg, resolve_folder(target_path, cfg.revision, what="target"), kept, limit, stop_ids, out,
+                     say) as engine:
+        yield engine
 
 
 def prepare_output(out: Path, overwrite: bool, manifest_name: str) -> None:
@@ -276,7 +315,7 @@ def check_option_settings(out: Path, cfg: DistillConfig) -> None:
     if not path.is_file():
         return
     manifest = read_json(path)
-    old = manifest.get("settings", {})
+    old = {**SETTING_DEFAULTS, **manifest.get("settings", {})}
     what = "a finished dataset" if manifest.get("complete") else "an unfinished distill run"
     for key in SETTING_KEYS:
         now = json.loads(json.dumps(getattr(cfg, key)))  # lists and tuples as JSON reads them back
@@ -299,7 +338,9 @@ def check_chat_inputs(src: SourceResult, template: str | None, cfg: DistillConfi
 # the options that decide the rows (with the prompts and the chat template): a resume must match them all
 SETTING_KEYS = ("target", "revision", "adapter", "dtype", "source", "split", "limit", "prompt_tokens", "prompt_format",
                 "stop_tokens", "max_prompt_tokens", "overlong", "max_new_tokens", "temperature", "top_p", "top_k",
-                "seed", "shard_size", "skip_bad_rows")
+                "seed", "shard_size", "skip_bad_rows", "engine")
+# settings a folder written before they were recorded holds, with the value they had then
+SETTING_DEFAULTS = {"engine": "hf"}
 
 
 def distill_settings(cfg: DistillConfig, template: str | None, src: SourceResult) -> dict[str, Any]:
@@ -331,6 +372,7 @@ def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], 
     total["world_size"] = world_size  # of the run that finished (a resumed run may have used another)
     total["shards_by_rank"] = {str(r): sum(s.get("rank", 0) == r for s in stats) for r in range(world_size)}
     total["tokens_per_s"] = round(total["generated_tokens"] / max(total["seconds"], 1e-9), 1)
+    total["engines"] = sorted({s.get("engine", "hf") for s in stats})  # with versions; a resume may mix them
     merged.info.description = _provenance(manifest, settings)
     save_merged(merged, out)
     save_token_counts(out, token_frequencies(merged, vocab_size))
@@ -344,7 +386,7 @@ def _provenance(manifest: dict[str, Any], settings: dict[str, Any]) -> str:
 
     return json.dumps({"headway": FORMAT, "target": settings["target"], "revision": settings["revision"],
                        "target_info": manifest.get("target_info"), "generation": {
-                           k: settings[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens", "seed")},
+                           k: settings[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens", "seed", "engine")},
                        "source": settings["source"]})
 
 

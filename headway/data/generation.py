@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -79,12 +79,28 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], settings:
         torch.manual_seed(seed)
     out = model.generate(input_ids=ids, attention_mask=mask,
                          generation_config=generation_config(settings, stop_ids, pad_id))  # (B, T + new)
+    return [cut_at_stop(row, stop_ids) for row in out[:, ids.shape[1]:].tolist()]
+
+
+def cut_at_stop(tokens: Sequence[int], stop_ids: Sequence[int]) -> Answer:
+    """An answer ends at its first stop token (kept); none: it was cut by max_new_tokens. Every
+    engine's output goes through here, so the engines agree on where an answer ends."""
     stops = set(stop_ids)
-    answers = []
-    for row in out[:, ids.shape[1]:].tolist():
-        cut = next((i for i, t in enumerate(row) if t in stops), None)
-        answers.append(Answer(row[: cut + 1], True) if cut is not None else Answer(row, False))
-    return answers
+    cut = next((i for i, t in enumerate(tokens) if t in stops), None)
+    return Answer(list(tokens[: cut + 1]), True) if cut is not None else Answer(list(tokens), False)
+
+
+# An engine's answers: (prompts as token ids, the batch's seed, one seed per prompt) -> one Answer per
+# prompt. transformers draws a batch from one seeded RNG; vLLM seeds each request.
+Generate = Callable[[list[list[int]], int, list[int]], list[Answer]]
+
+
+def hf_generate(model: nn.Module, settings: SamplingSettings, stop_ids: Sequence[int], pad_id: int) -> Generate:
+    """``generate_batch`` with this model and these settings, as a ``Generate``."""
+    def generate(prompts: list[list[int]], seed: int, seeds: list[int]) -> list[Answer]:
+        return generate_batch(model, prompts, settings, stop_ids, pad_id, seed=seed)
+
+    return generate
 
 
 def stop_token_ids(model: nn.Module, tokenizer: Any, extra: Sequence[str] = ()) -> list[int]:

@@ -67,15 +67,17 @@ def digest(text: str | bytes, n: int = 16) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:n]
 
 
-def check_settings(manifest_path: Path, settings: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def check_settings(manifest_path: Path, settings: dict[str, Any], extra: dict[str, Any] | None = None,
+                   defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """Refuse to resume into a folder whose shards were made with other settings; else write the manifest.
 
     Returns the manifest now on disk. ``settings`` values must be JSON scalars or lists/dicts of them.
+    ``defaults``: settings an older manifest may lack, with the value they had before they were recorded.
     """
     settings = json.loads(json.dumps(settings))  # normalise tuples etc. to what reading gives back
     if manifest_path.is_file():
         manifest = read_json(manifest_path)
-        old = manifest.get("settings", {})
+        old = {**(defaults or {}), **manifest.get("settings", {})}
         for key in sorted(set(old) | set(settings)):
             if old.get(key) != settings.get(key):
                 raise ResumeMismatchError(
