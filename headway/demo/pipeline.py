@@ -17,7 +17,17 @@ from typing import Any
 from ..config import load_config, opt
 from ..errors import HeadwayError
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # the repository's recipes: headway/demo/ -> root
+
+
+def recipe(name: str) -> Path:
+    """A demo recipe from the repository's configs/; missing is an error, never a silent fallback to
+    defaults (which trained weaker heads: 1 epoch, no draft vocabulary, no hard-label CE)."""
+    path = CONFIGS / name
+    if not path.is_file():
+        raise HeadwayError(f"demo recipe {path} not found: `headway demo` runs from a clone of the repository, "
+                           "whose configs/ holds its recipes")
+    return path
 KINDS = ("medusa", "eagle1", "eagle3")
 
 
@@ -70,8 +80,7 @@ def distill_data(cfg: DemoConfig, target: Path, run: Path) -> Path:
     if (out / "headway_distill.json").is_file() and (out / "dataset_info.json").is_file():
         print(f"reusing {out}")
         return out
-    base = load_config(DistillConfig, CONFIGS / "distill-demo.yaml") if (CONFIGS / "distill-demo.yaml").is_file() \
-        else DistillConfig(source="demo:train")
+    base = load_config(DistillConfig, recipe("distill-demo.yaml"))
     base.target, base.output = str(target), str(out)
     base.limit = cfg.pick(cfg.distill_prompts, 512, 96)
     base.max_new_tokens = cfg.pick(cfg.distill_tokens, 128, 64)
@@ -87,22 +96,13 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
     import yaml
 
     from ..config import to_dict
-    from ..train.config import TrainConfig
 
     out = run / kind
     final = out / "final"
     if _done(final):
         print(f"reusing {final}")
         return final
-    recipe = CONFIGS / f"demo-{kind}.yaml"
-    overrides: dict[str, Any] = {"target": str(target), "data": str(data), "output_dir": str(out),
-                                 "resume_from": "latest"}
-    if not recipe.is_file():
-        overrides["kind"] = kind
-    steps = cfg.pick(cfg.train_steps, None, 60)
-    if steps is not None:
-        overrides["max_steps"] = steps
-    tc = load_config(TrainConfig, recipe if recipe.is_file() else None, overrides)
+    tc = train_config(cfg, kind, target, data, out)
     out.mkdir(parents=True, exist_ok=True)
     resolved = run / f"train-{kind}.yaml"
     resolved.write_text(yaml.safe_dump(to_dict(tc), sort_keys=False))
@@ -115,6 +115,23 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
     if rc != 0 or not _done(final):
         raise HeadwayError(f"training {kind} failed (exit {rc}); rerun `headway demo` to resume from its checkpoint")
     return final
+
+
+def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path) -> Any:
+    """The kind's demo recipe, pointed at this run's target, data and folder. EAGLE-3's recipe names
+    aux layers of the 8-layer demo target; a shallower target (--quick's tiny one) gets the default."""
+    from ..train.config import TrainConfig
+
+    overrides: dict[str, Any] = {"target": str(target), "data": str(data), "output_dir": str(out),
+                                 "resume_from": "latest"}
+    steps = cfg.pick(cfg.train_steps, None, 60)
+    if steps is not None:
+        overrides["max_steps"] = steps
+    tc = load_config(TrainConfig, recipe(f"demo-{kind}.yaml"), overrides)
+    layers = json.loads((target / "config.json").read_text()).get("num_hidden_layers")
+    if tc.eagle.aux_layers and layers is not None and max(tc.eagle.aux_layers) >= layers:
+        tc.eagle.aux_layers = []  # the default for this depth
+    return tc
 
 
 def run_bench(cfg: DemoConfig, target: Path, heads: dict[str, Path], run: Path) -> dict[str, Any]:

@@ -1,0 +1,44 @@
+"""The demo pipeline runs the repository's recipes, not silent defaults."""
+
+import json
+
+import pytest
+
+from headway.demo.pipeline import CONFIGS, DemoConfig, recipe, train_config
+from headway.errors import HeadwayError
+
+
+def fake_target(tmp_path, layers: int):
+    folder = tmp_path / f"target-{layers}"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+    return folder
+
+
+def test_the_demo_recipes_are_found_in_the_repository():
+    assert (CONFIGS / "demo-eagle3.yaml").is_file()
+    for name in ("distill-demo.yaml", "demo-medusa.yaml", "demo-eagle1.yaml", "demo-eagle3.yaml"):
+        assert recipe(name) == CONFIGS / name
+
+
+def test_a_missing_recipe_is_an_error_not_defaults():
+    with pytest.raises(HeadwayError, match="demo recipe .*nope.yaml not found"):
+        recipe("nope.yaml")
+
+
+def test_each_kind_trains_with_its_recipe(tmp_path):
+    """The regression: a wrong path made every kind train 1 epoch of batch 8 with no draft vocabulary."""
+    target = fake_target(tmp_path, 8)
+    eagle3 = train_config(DemoConfig(), "eagle3", target, tmp_path / "data", tmp_path / "out")
+    assert eagle3.kind == "eagle3" and eagle3.epochs == 4 and eagle3.batch_size == 16
+    assert eagle3.eagle.draft_vocab_size == 2048 and eagle3.eagle.hard_weight == 1.0
+    assert eagle3.eagle.aux_layers == [2, 4, 5] and eagle3.max_steps is None
+    assert eagle3.target == str(target) and eagle3.output_dir == str(tmp_path / "out")
+    for kind in ("medusa", "eagle1"):
+        assert train_config(DemoConfig(), kind, target, tmp_path / "data", tmp_path / "out").kind == kind
+
+
+def test_quick_runs_keep_the_recipe_but_fit_a_shallow_target(tmp_path):
+    quick = train_config(DemoConfig(quick=True), "eagle3", fake_target(tmp_path, 4), tmp_path / "d", tmp_path / "o")
+    assert quick.max_steps == 60 and quick.eagle.draft_vocab_size == 2048
+    assert quick.eagle.aux_layers == []  # [2, 4, 5] names layers a 4-layer target lacks: the default instead
