@@ -37,11 +37,19 @@ def find_target(name: str, work: Path) -> Path:
             save_tiny_target(folder, "llama", num_attention_heads=2, num_key_value_heads=1, head_dim=32)
         return folder
     if name == "demo":
-        built = sorted(Path("~/.cache/headway/targets").expanduser().glob("demo-*/config.json"))
-        if not built:
-            raise SystemExit("no built demo target in ~/.cache/headway/targets (run `headway target build`)")
-        return built[-1].parent
+        folder = built_demo()
+        if folder is None:
+            raise SystemExit("no built demo target in the cache (run `headway target build`)")
+        return folder
     return Path(name).expanduser()
+
+
+def built_demo() -> Path | None:
+    """The demo preset's own cached build (the cache holds other demo-* folders, e.g. bench's assistant)."""
+    from headway.demo.builder import TargetBuildConfig, target_dir
+
+    folder = target_dir(TargetBuildConfig(preset="demo"))
+    return folder if (folder / "config.json").is_file() else None
 
 
 def first_difference(a: list[int], b: list[int]) -> int:
@@ -122,8 +130,7 @@ def main() -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     work = Path(args.work).expanduser()
     work.mkdir(parents=True, exist_ok=True)
-    names = [t for t in args.targets if t != "demo" or list(Path("~/.cache/headway/targets").expanduser()
-                                                          .glob("demo-*/config.json"))]
+    names = [t for t in args.targets if t != "demo" or built_demo() is not None]
     if len(names) < len(args.targets):
         print("no built demo target in ~/.cache/headway/targets: skipped (`headway target build` builds it)")
     results = []

@@ -90,15 +90,15 @@ def ensure_venv(venv: Path) -> Path:
 
 def find_target(arg: str | None) -> Path:
     """--target, else the cached demo target, else the tiny preset with head_dim 32 (built in ~1 min)."""
-    from headway.demo.builder import TargetBuildConfig, build_demo_target
+    from headway.demo.builder import TargetBuildConfig, build_demo_target, target_dir
 
     if arg:
         from headway.target import resolve_target_path
 
         return Path(resolve_target_path(arg))
-    built = sorted(Path("~/.cache/headway/targets").expanduser().glob("demo-*/config.json"))
-    if built:
-        return built[-1].parent
+    demo = target_dir(TargetBuildConfig(preset="demo"))  # this exact build: the cache also holds other demo-*
+    if (demo / "config.json").is_file():                 # folders (e.g. bench's 2-layer assistant)
+        return demo
     return build_demo_target(TargetBuildConfig(preset="tiny", num_heads=2, num_kv_heads=1), progress=False)
 
 
