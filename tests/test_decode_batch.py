@@ -305,6 +305,8 @@ def test_generate_batch_drafts_in_one_call_per_level(llama, batch, monkeypatch):
     out = spec.generate_batch(ps, max_new_tokens=6)
     assert calls and all(shape == (len(ps), 1) for shape in calls[:3])  # all rows in one call per level
     assert [r.ids for r in out.rows] == [r[:6] for r in refs]
+    assert isinstance(spec.new_batch_proposer(2), EagleBatchProposer)
+    assert isinstance(spec.new_batch_proposer(1), RowsProposer)  # one row: the unbatched proposer's fast path
     spec.batched_drafting = False
     calls.clear()
     assert isinstance(spec.new_batch_proposer(2), RowsProposer)
