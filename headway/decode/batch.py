@@ -1,13 +1,16 @@
 """Batched greedy decoding: several prompts through one target forward per step, each row exact.
 
-Every row keeps its own proposer, tree and acceptance; only the target's forwards are batched.
+Every row keeps its own tree, acceptance and stopping; the target's forwards and the drafting are
+batched: one ``BatchProposer`` (``decode/batch_proposers.py``) drafts every row's tree with one
+drafter call per draft level (``decode/batch_trees.py``; an EAGLE drafter's cache follows the
+scheme below too). ``Speculator.batched_drafting = False`` drafts row by row (the A/B baseline).
 The batch's KV cache is one ``DynamicCache`` of B rows and one physical length ``S``; which of
 its S slots belong to a row is a bool ``valid`` (B, S), and every slot carries the KV the row's
 own unbatched decode would hold at that logical position (RoPE is applied with the row's own
 ``position_ids`` when the slot is written, so a slot's physical place does not matter):
 
 * prefill: prompts left-padded; pad slots are invalid; position ids count a row's valid tokens.
-* each step: row b drafts its own tree (N_b nodes, any shape the single-prompt path drafts),
+* each step: row b's tree (drafted with all the others') (N_b nodes, any shape the single-prompt path drafts),
   padded to N = max N_b; pad nodes see only themselves and are never read. One forward with a
   float (B, 1, N, S + N) mask: node i of row b sees the row's valid slots and its own ancestors.
 * commit: row b's accepted nodes (m_b of them, root first) move to the first m_b tree slots;
@@ -30,7 +33,10 @@ import torch
 from transformers import DynamicCache
 
 from .args import DecodeError, check_decode_args
-from .shapes import DraftTree, Proposer, build_tree
+from .batch_proposers import BatchProposer
+from .batch_trees import build_trees
+from .padding import additive, after_prefix, left_pad, pad_trees, prefill_mask, used_columns
+from .shapes import DraftTree
 from .stats import GenerationOutput, GenerationStats, _record_depths, _sync
 from .verify import Verdict, verify_greedy
 
@@ -60,7 +66,6 @@ class _Row:
     """One prompt's decode state inside the batch."""
 
     index: int  # position in the caller's prompt list
-    proposer: Proposer
     emitted: list[int]
     length: int  # logical tokens in the cache (prompt + accepted): the next tree root's position
     stats: GenerationStats
@@ -73,50 +78,8 @@ class _Batch:
 
     cache: DynamicCache
     valid: torch.Tensor
+    proposer: BatchProposer  # its rows follow ``rows``
     rows: list[_Row] = field(default_factory=list)
-
-
-def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool (B, q, kv) -> float additive (B, 1, q, kv): 0 visible, dtype min hidden."""
-    out = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    return out.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
-
-
-def left_pad(ids: Sequence[list[int]], pad: int, device: torch.device
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens (B, n), valid (B, n) bool, position_ids (B, n)) of left-padded prompts."""
-    n = max(map(len, ids))
-    tokens = torch.full((len(ids), n), pad, dtype=torch.long, device=device)
-    valid = torch.zeros(len(ids), n, dtype=torch.bool, device=device)
-    for b, row in enumerate(ids):
-        tokens[b, n - len(row):] = torch.tensor(row, dtype=torch.long, device=device)
-        valid[b, n - len(row):] = True
-    return tokens, valid, (valid.long().cumsum(1) - 1).clamp(min=0)
-
-
-def prefill_mask(valid: torch.Tensor) -> torch.Tensor:
-    """(B, n) valid -> bool (B, n, n): causal over valid slots; a pad query sees only itself."""
-    n = valid.shape[1]
-    causal = torch.ones(n, n, dtype=torch.bool, device=valid.device).tril()
-    return (causal[None] & valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=valid.device)[None]
-
-
-def pad_trees(trees: Sequence[DraftTree], lengths: Sequence[int], pad: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row trees -> (tokens (B, N), position_ids (B, N), visible (B, N, N)) padded to the largest;
-    a pad node sits at its row's root position and sees only itself."""
-    N = max(t.tokens.numel() for t in trees)
-    dev = trees[0].tokens.device
-    B = len(trees)
-    tokens = torch.full((B, N), pad, dtype=torch.long, device=dev)
-    pos = torch.tensor(lengths, dtype=torch.long, device=dev)[:, None].repeat(1, N)
-    vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
-    for b, t in enumerate(trees):
-        n = t.tokens.numel()
-        tokens[b, :n] = t.tokens
-        pos[b, :n] += t.buffers.depth
-        vis[b, :n, :n] = t.buffers.visible
-    return tokens, pos, vis
 
 
 def keep_accepted_rows(batch: _Batch, tree_width: int, verdicts: Sequence[Verdict]) -> None:
@@ -145,11 +108,11 @@ def drop_rows(batch: _Batch, keep: list[int]) -> None:
         return
     sel = torch.tensor(keep, dtype=torch.long, device=batch.valid.device)
     batch.rows = [batch.rows[i] for i in keep]
+    batch.proposer.select(keep)
     batch.cache.batch_select_indices(sel)
     batch.valid = batch.valid[sel]
-    used = batch.valid.any(0)
-    if not bool(used.all()):
-        cols = used.nonzero().squeeze(1)
+    cols = used_columns(batch.valid)
+    if cols is not None:
         for layer in batch.cache.layers:
             layer.keys = layer.keys.index_select(2, cols)
             layer.values = layer.values.index_select(2, cols)
@@ -182,17 +145,13 @@ def generate_batch(spec: Speculator, prompts: Sequence[Any], max_new_tokens: int
     t_start = time.perf_counter()
     # -- prefill: left-padded prompts, one forward --------------------------------------------
     tokens, valid, pos = left_pad(ids, pad, dev)  # (B, n) each
-    batch = _Batch(DynamicCache(config=spec.target.config), valid)
+    batch = _Batch(DynamicCache(config=spec.target.config), valid, spec.new_batch_proposer(len(ids)))
     out = spec._forward(tokens, batch.cache, position_ids=pos, attention_mask=additive(prefill_mask(valid), dtype))
     first = out.logits[:, -1].argmax(-1)  # (B,)
-    n = tokens.shape[1]
+    batch.proposer.prefill(tokens, valid, pos, [out.hidden_states[i] for i in spec._layers], first)
     for b, row_ids in enumerate(ids):
-        start = n - len(row_ids)
-        proposer = spec.new_proposer()
-        proposer.prefill(tokens[b:b + 1, start:], [out.hidden_states[i][b:b + 1, start:] for i in spec._layers],
-                         first[b])
         stats = GenerationStats(prompt_tokens=len(row_ids), new_tokens=1)
-        batch.rows.append(_Row(b, proposer, [int(first[b])], len(row_ids), stats))
+        batch.rows.append(_Row(b, [int(first[b])], len(row_ids), stats))
     _sync(dev)
     t_prefill = time.perf_counter() - t_start
     done: dict[int, _Row] = {}
@@ -209,13 +168,14 @@ def generate_batch(spec: Speculator, prompts: Sequence[Any], max_new_tokens: int
     # -- the loop: per-row trees, one batched verify forward, per-row acceptance ----------------
     while batch.rows:
         t0 = time.perf_counter()
-        for r in batch.rows:
-            shape = spec._shape_for(spec.max_positions - 1 - r.length)
-            r.tree = build_tree(shape, r.proposer, torch.tensor(r.emitted[-1], device=dev))
-            r.proposer.end_tree()
+        shapes = [spec._shape_for(spec.max_positions - 1 - r.length) for r in batch.rows]
+        roots = torch.tensor([r.emitted[-1] for r in batch.rows], device=dev)
+        for r, tree in zip(batch.rows, build_trees(shapes, batch.proposer, roots)):
+            r.tree = tree
+        batch.proposer.end_tree()
         tree_tokens, tree_pos, vis = pad_trees([r.tree for r in batch.rows], [r.length for r in batch.rows], pad)
         B, N = tree_tokens.shape
-        seen = torch.cat([batch.valid[:, None, :].expand(B, N, -1), vis], dim=2)  # (B, N, S + N)
+        seen = after_prefix(batch.valid, vis)  # (B, N, S + N)
         _sync(dev)
         t1 = time.perf_counter()
         out = spec._forward(tree_tokens, batch.cache, position_ids=tree_pos, attention_mask=additive(seen, dtype))
@@ -225,10 +185,11 @@ def generate_batch(spec: Speculator, prompts: Sequence[Any], max_new_tokens: int
         verdicts = [verify_greedy(r.tree.tokens, r.tree.buffers, out.logits[b, :r.tree.tokens.numel()])
                     for b, r in enumerate(batch.rows)]
         keep_accepted_rows(batch, N, verdicts)
+        paths = [torch.cat([r.tree.tokens[v.nodes], v.bonus.view(1)]) for r, v in zip(batch.rows, verdicts)]
+        batch.proposer.accept(paths, [[out.hidden_states[i][b, v.nodes] for i in spec._layers]
+                                      for b, v in enumerate(verdicts)], [r.length for r in batch.rows])
         finished = []
-        for b, (r, v) in enumerate(zip(batch.rows, verdicts)):
-            path_tokens = torch.cat([r.tree.tokens[v.nodes], v.bonus.view(1)])
-            r.proposer.accept(path_tokens, [out.hidden_states[i][b, v.nodes] for i in spec._layers], r.length)
+        for r, v, path_tokens in zip(batch.rows, verdicts, paths):
             r.length += v.nodes.numel()
             before = len(r.emitted)
             r.emitted += path_tokens[1:].tolist()

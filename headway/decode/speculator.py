@@ -31,6 +31,7 @@ from .verify import Verdict, verify_greedy
 
 if TYPE_CHECKING:
     from .batch import BatchOutput
+    from .batch_proposers import BatchProposer
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Speculator:
         self.typical = typical
         self.sampled_drafts = sampled_drafts
         self.calibrate = calibrate
+        self.batched_drafting = True  # generate_batch: one drafter call per level for all rows (False: row by row, A/B)
         proposer = self.new_proposer()  # a template: its limits decide the tree
         self.tree = self._default_tree(tree, proposer)
         if sampling_tree is None and tree is None and isinstance(proposer, EagleProposer):
@@ -229,6 +231,18 @@ class Speculator:
     def new_proposer(self) -> Proposer:
         """Per-generation draft state (the heads are shared)."""
         return make_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
+
+    def new_batch_proposer(self, rows: int) -> "BatchProposer":
+        """Draft state of a batch of ``rows`` (``decode/batch_proposers.py``): one drafter call per
+        draft level for all rows; row by row (a ``Proposer`` each) when ``batched_drafting`` is off or
+        ``new_proposer`` was replaced (test oracles), so a custom proposer is never bypassed, and for a
+        single row, where the unbatched proposer's mask-free chain steps are faster."""
+        from .batch_proposers import RowsProposer, make_batch_proposer
+
+        custom = "new_proposer" in vars(self) or type(self).new_proposer is not Speculator.new_proposer
+        if self.batched_drafting and not custom and rows > 1:
+            return make_batch_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
+        return RowsProposer([self.new_proposer() for _ in range(rows)])
 
     def _forward(self, ids: torch.Tensor, cache: Cache, verify: bool = False, **kw: Any) -> Any:
         fn = self._verify_forward if verify else self.target  # compiled with ``compile``: the tree forward only

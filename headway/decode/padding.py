@@ -1,0 +1,89 @@
+"""Row padding for batched decoding: pure functions of bool ``valid`` masks and per-row lengths.
+
+A batch's KV cache (the target's, and an EAGLE drafter's) has one physical length S for all rows;
+``valid`` (B, S) says which slots hold a row's real entries (left padding, and the gaps rejected
+drafts leave). A query of row b sees exactly the slots its unbatched run would have, so every
+visibility here is "the row's valid slots" plus the new tokens' own structure (causal, or tree
+ancestors), turned into a float additive mask with exact zeros (``additive``).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .shapes import DraftTree
+
+
+def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool (B, q, kv) -> float additive (B, 1, q, kv): 0 visible, dtype min hidden (a hidden key gets
+    weight exactly 0 after the softmax, so padding changes nothing a row computes)."""
+    out = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return out.masked_fill_(~visible, torch.finfo(dtype).min)[:, None]
+
+
+def left_pad(ids: Sequence[list[int]], pad: int, device: torch.device
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens (B, n), valid (B, n) bool, position_ids (B, n)) of left-padded prompts."""
+    n = max(map(len, ids))
+    tokens = torch.full((len(ids), n), pad, dtype=torch.long, device=device)
+    valid = torch.zeros(len(ids), n, dtype=torch.bool, device=device)
+    for b, row in enumerate(ids):
+        tokens[b, n - len(row):] = torch.tensor(row, dtype=torch.long, device=device)
+        valid[b, n - len(row):] = True
+    return tokens, valid, (valid.long().cumsum(1) - 1).clamp(min=0)
+
+
+def prefill_mask(valid: torch.Tensor) -> torch.Tensor:
+    """(B, n) valid -> bool (B, n, n): causal over valid slots; a pad query sees only itself."""
+    n = valid.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=valid.device).tril()
+    return (causal[None] & valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=valid.device)[None]
+
+
+def after_prefix(valid: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """valid (B, S) cached slots, new (B, q, q') visibility among the tokens being written ->
+    bool (B, q, S + q'): each query sees its row's valid cached slots, then ``new``."""
+    return torch.cat([valid[:, None, :].expand(-1, new.shape[1], -1), new], dim=2)
+
+
+def catch_up_visible(valid: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
+    """A padded causal write: row b appends ``new_valid[b].sum()`` real tokens (the first ones) and
+    pads up to M. -> bool (B, M, S + M): the row's valid slots, causal over its real new tokens;
+    a pad query also sees itself, so no softmax row is empty."""
+    M = new_valid.shape[1]
+    dev = new_valid.device
+    causal = torch.ones(M, M, dtype=torch.bool, device=dev).tril()
+    new = (causal[None] & new_valid[:, None, :]) | torch.eye(M, dtype=torch.bool, device=dev)[None]
+    return after_prefix(valid, new)
+
+
+def first_slots(counts: Sequence[int], device: torch.device) -> torch.Tensor:
+    """(B, max count) bool: row b's first ``counts[b]`` slots (the real ones of a padded write)."""
+    c = torch.tensor(list(counts), dtype=torch.long, device=device)
+    return torch.arange(int(c.max()), device=device)[None] < c[:, None]
+
+
+def used_columns(valid: torch.Tensor) -> torch.Tensor | None:
+    """The slot columns some row still uses (sorted), or None when every column is used."""
+    used = valid.any(0)
+    return None if bool(used.all()) else used.nonzero().squeeze(1)
+
+
+def pad_trees(trees: Sequence[DraftTree], lengths: Sequence[int], pad: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row trees -> (tokens (B, N), position_ids (B, N), visible (B, N, N)) padded to the largest;
+    a pad node sits at its row's root position and sees only itself."""
+    N = max(t.tokens.numel() for t in trees)
+    dev = trees[0].tokens.device
+    B = len(trees)
+    tokens = torch.full((B, N), pad, dtype=torch.long, device=dev)
+    pos = torch.tensor(list(lengths), dtype=torch.long, device=dev)[:, None].repeat(1, N)
+    vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+    for b, t in enumerate(trees):
+        n = t.tokens.numel()
+        tokens[b, :n] = t.tokens
+        pos[b, :n] += t.buffers.depth
+        vis[b, :n, :n] = t.buffers.visible
+    return tokens, pos, vis
