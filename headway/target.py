@@ -281,6 +281,19 @@ def check_weight_files(folder: Path) -> None:
                               "corrupt") from None
 
 
+def causal_lm_config(name_or_path: str, revision: str | None, trust_remote_code: bool) -> tuple[Any, str]:
+    """The target's config, refused unless it is a causal LM, and where to load it from (a local
+    folder's path, else the Hub id)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = load_config_only(name_or_path, revision, trust_remote_code)
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
+        raise TargetError(f"'{name_or_path}' is a '{config.model_type}' model, not a causal LM "
+                          "(AutoModelForCausalLM cannot load it); headway needs a decoder-only language model")
+    local = local_path(name_or_path)
+    return config, str(local) if local is not None else name_or_path
+
+
 def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", device: str | torch.device | None = None,
                 adapter: str | None = None, revision: str | None = None, trust_remote_code: bool = False,
                 attn_implementation: str | None = None,
@@ -294,14 +307,8 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
     """
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config = load_config_only(name_or_path, revision, trust_remote_code)
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
-        raise TargetError(f"'{name_or_path}' is a '{config.model_type}' model, not a causal LM "
-                          "(AutoModelForCausalLM cannot load it); headway needs a decoder-only language model")
-    local = local_path(name_or_path)
-    src = str(local) if local is not None else name_or_path
+    _, src = causal_lm_config(name_or_path, revision, trust_remote_code)
     kwargs: dict[str, Any] = {"revision": revision, "trust_remote_code": trust_remote_code}
     device_map = parse_device_map(device_map)
     if device_map is not None:
@@ -346,14 +353,8 @@ def load_target_shell(name_or_path: str, revision: str | None = None,
     needs to know of it here: shapes (``TargetInfo``), its generation config's EOS ids, its vocabulary."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config = load_config_only(name_or_path, revision, trust_remote_code)
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
-        raise TargetError(f"'{name_or_path}' is a '{config.model_type}' model, not a causal LM; headway needs a "
-                          "decoder-only language model")
-    local = local_path(name_or_path)
-    src = str(local) if local is not None else name_or_path
+    config, src = causal_lm_config(name_or_path, revision, trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     try:  # what from_pretrained would read; without the file, from_config's (derived from the config) stays

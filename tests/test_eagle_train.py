@@ -18,7 +18,7 @@ from headway.train.config import TrainConfig
 from headway.train.eagle import Eagle1Task, Eagle3Task, feature_batch
 from headway.train.loop import fit, train
 
-from train_utils import distilled_rows, run_cli, save_rows
+from train_utils import distilled_rows, free_port, run_cli, save_rows
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
@@ -163,14 +163,6 @@ def test_offline_draft_vocab_is_counted_on_the_features_dataset(setup, tmp_path,
     assert b.metadata["draft_vocab"] == a.metadata["draft_vocab"]
     assert 1.0 <= b.metadata["eval"]["tau"]
 
-
-def free_port() -> int:
-    """A port no other launch on this machine holds (accelerate's default 29500 may be taken)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 
 import json
 import shutil
-import socket
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from headway.cli import main
 from headway.heads import load_heads
 from headway.testing import save_tiny_target
 
-from train_utils import distilled_rows, run_cli, save_rows
+from train_utils import distilled_rows, free_port, records, run_cli, save_rows
 
 YAML = """\
 target: {target}
@@ -42,15 +41,6 @@ def workdir(tmp_path_factory):
     return root
 
 
-def free_port() -> int:
-    """A port nobody listens on: another DDP run on this machine may hold accelerate's default 29500."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def records(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
 
 
 def test_cli_with_wandb_offline(workdir, tmp_path):

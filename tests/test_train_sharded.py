@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from headway.testing import save_tiny_target, tiny_target
 from headway.heads import Eagle1Drafter
 from headway.train.sharding import own_borrowed, shard_plan, sharding_backend
 
-from train_utils import OFFLINE_ENV, REPO, distilled_rows, run_cli, save_rows
+from train_utils import OFFLINE_ENV, REPO, distilled_rows, free_port, records, run_cli, save_rows
 
 CONFIGS = REPO / "configs" / "accelerate"
 
@@ -97,14 +96,6 @@ eagle:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def records(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

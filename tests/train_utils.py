@@ -47,3 +47,19 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 300, launcher: list[str] 
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = (launcher or [sys.executable, "-m", "headway"]) + args
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    """A port nobody listens on: another DDP run on this machine may hold accelerate's default 29500."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def records(out: Path) -> list[dict]:
+    """The run's log.jsonl records."""
+    import json
+
+    return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
