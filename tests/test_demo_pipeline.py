@@ -11,7 +11,7 @@ from headway.errors import HeadwayError
 def fake_target(tmp_path, layers: int):
     folder = tmp_path / f"target-{layers}"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": layers}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": layers}))
     return folder
 
 

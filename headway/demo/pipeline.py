@@ -120,6 +120,7 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
 def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path) -> Any:
     """The kind's demo recipe, pointed at this run's target, data and folder. EAGLE-3's recipe names
     aux layers of the 8-layer demo target; a shallower target (--quick's tiny one) gets the default."""
+    from ..target import load_config_only
     from ..train.config import TrainConfig
 
     overrides: dict[str, Any] = {"target": str(target), "data": str(data), "output_dir": str(out),
@@ -128,7 +129,7 @@ def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path
     if steps is not None:
         overrides["max_steps"] = steps
     tc = load_config(TrainConfig, recipe(f"demo-{kind}.yaml"), overrides)
-    layers = json.loads((target / "config.json").read_text()).get("num_hidden_layers")
+    layers = getattr(load_config_only(str(target), None, False), "num_hidden_layers", None)
     if tc.eagle.aux_layers and layers is not None and max(tc.eagle.aux_layers) >= layers:
         tc.eagle.aux_layers = []  # the default for this depth
     return tc
