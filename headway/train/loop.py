@@ -43,7 +43,7 @@ from .losses import IGNORE_INDEX, medusa_labels
 from .metrics import json_safe
 from .registry import TASKS
 from .rows import FeatureRows, load_rows
-from .sharding import full_state, is_sharded, local_part, shard_sizes, shard_target
+from .sharding import env_true, full_state, is_sharded, local_part, shard_sizes, shard_target
 from .tasks import ParamGroup, Task
 
 
@@ -373,17 +373,13 @@ def make_scheduler(optimizer: torch.optim.Optimizer, total: int, o: OptimConfig)
 
 
 # -- accelerate plumbing ---------------------------------------------------------------------
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
-
-
 def make_accelerator(cfg: TrainConfig) -> Any:
     from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import GradientAccumulationPlugin, ProjectConfiguration
 
     mp = cfg.mixed_precision
-    on_cpu = cfg.device == "cpu" or not torch.cuda.is_available() or _env_true("ACCELERATE_USE_CPU")
+    on_cpu = cfg.device == "cpu" or not torch.cuda.is_available() or env_true("ACCELERATE_USE_CPU")
     if mp == "auto":  # bf16 where it is fast: a GPU that has it, a CPU measured faster in bf16 than fp32
         mp = "bf16" if bf16_is_fast("cpu" if on_cpu else "cuda") else "no"
     elif mp == "bf16" and on_cpu and not bf16_is_fast("cpu") and PartialState().is_main_process:

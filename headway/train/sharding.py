@@ -28,7 +28,8 @@ from typing import Any
 from torch import Tensor, nn
 
 
-def _env_true(name: str) -> bool:
+def env_true(name: str) -> bool:
+    """An accelerate-style boolean environment variable (1/true/yes)."""
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
@@ -46,7 +47,7 @@ def sharding_backend(accelerator: Any) -> str | None:
         return "deepspeed"
     # accelerate turns FSDP on for GPUs only (state.py); launched with an FSDP config on CPU it
     # runs DDP, and the target is still sharded as the config asks
-    if kind == DistributedType.MULTI_CPU and _env_true("ACCELERATE_USE_FSDP"):
+    if kind == DistributedType.MULTI_CPU and env_true("ACCELERATE_USE_FSDP"):
         return "fsdp"
     return None
 
