@@ -8,6 +8,9 @@ STAMP := $(VENV)/.headway-installed
 BIN := $(VENV)/bin
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 PYTEST_ARGS ?=
+# Two pytest workers, one torch thread each: most tests are Python-bound on tiny models and use one
+# core, and two 2-thread workers on two cores would oversubscribe OpenMP (a ~10x slowdown measured)
+PYTEST_WORKERS ?= 2
 DEMO_ARGS ?=
 
 .PHONY: demo test venv clean-venv
@@ -25,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/headway demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(OFFLINE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(OFFLINE) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
