@@ -56,6 +56,25 @@ def temp_sibling(final: Path) -> Path:
     return final.with_name(f"{final.name}.tmp{os.getpid()}")
 
 
+def remove_dead_temps(final: Path) -> list[Path]:
+    """Delete ``<name>.tmp<pid>`` siblings of ``final`` whose writer is no longer running on this
+    machine (a killed build); returns what it removed. Only for folders one machine writes (a
+    cache): on a filesystem shared between nodes another node's pid means nothing here."""
+    removed = []
+    for p in final.parent.glob(f"{final.name}.tmp*"):
+        pid = p.name[len(final.name) + 4:]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)  # signal 0: does the process exist?
+        except ProcessLookupError:
+            _remove(p)
+            removed.append(p)
+        except PermissionError:  # alive, another user's
+            pass
+    return removed
+
+
 def publish(tmp: str | Path, final: str | Path, *, replace: bool = True) -> Path:
     """Publish a finished temp file or folder ``tmp`` as ``final`` (fsync, plain modes, rename):
     the step ``publishing`` ends with, for a writer whose temp must have a name of its own (every

@@ -231,3 +231,27 @@ def test_shipped_yaml_spells_out_the_demo_preset():
     explicit = {k for k, v in vars(load_config(TargetBuildConfig, path)).items() if v is not None}
     # every preset value is written out, not inherited, except bf16: the preset's follows the CPU
     assert set(dt.PRESETS["demo"]) - {"bf16"} <= explicit and "bf16" not in explicit
+
+
+def test_temps_of_killed_builds_are_removed_and_live_ones_kept(tmp_path):
+    """A killed `target build` leaves `<name>.tmp<pid>` in the cache; the next build clears it,
+    but never the temp of a writer that is still running."""
+    import subprocess
+    import sys
+
+    from headway.publish import remove_dead_temps
+
+    final = tmp_path / "demo-abc"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for name in (f"demo-abc.tmp{dead.pid}", f"demo-abc.tmp{alive.pid}", "demo-abc.tmpx", "demo-abcd.tmp1"):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "model.safetensors").write_bytes(b"partial")
+        assert remove_dead_temps(final) == [tmp_path / f"demo-abc.tmp{dead.pid}"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [f"demo-abc.tmp{alive.pid}", "demo-abc.tmpx", "demo-abcd.tmp1"])
+    finally:
+        alive.kill()
+        alive.wait()

@@ -32,7 +32,7 @@ from ..config import ConfigError, check_choice
 from ..data.progress import quiet_transformers
 from ..data.stdlib_corpus import (HELDOUT_FRACTION, SPLITS, _corpus, _prompt_spans, _read,  # noqa: F401  (re-exported)
                                   corpus_files, corpus_identity, demo_prompts, split_of, stdlib_root)
-from ..publish import publishing
+from ..publish import publishing, remove_dead_temps
 
 # The config lives in a light module (re-exported here) so that `headway target build --help` needs no torch
 from .configs import PRESETS, TargetBuildConfig, default_cache_dir  # noqa: F401
@@ -385,6 +385,7 @@ def build_demo_target(cfg: TargetBuildConfig, progress: bool = True) -> Path:
     cfg = resolve_config(cfg)
     final = target_dir(cfg)
     if cfg.force or not _is_usable(final, cfg):
+        remove_dead_temps(final)  # what killed builds left in the cache (a target's worth each)
         # without force, a concurrent build of the same config that finished first wins
         with publishing(final, folder=True, replace=cfg.force or not _is_usable(final, cfg)) as tmp:
             _build_into(tmp, cfg, progress)
