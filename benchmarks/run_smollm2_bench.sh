@@ -9,7 +9,9 @@
 #   -> tune (tree choice on training-style prompts) -> bench on held-out prompts of other task
 #      families (chat:heldout), T=0 and T=1, at 1 and 2 threads.
 # Results: OUT (default benchmarks/results)/smollm2-bench-t{1,2}.{txt,json,png}.
-# SKIP_TRAIN=1 benches whatever heads exist; BENCH_ARGS adds `headway bench` options.
+# SKIP_TRAIN=1 benches whatever heads exist; BENCH_ARGS adds `headway bench` options; DISTILL_ARGS adds
+# `headway distill` options (e.g. "--engine vllm --vllm-python /path/to/vllm-venv/bin/python", ~1.4x
+# faster here); NUM, TOKENS, REPEATS and THREADS size the bench (defaults 12, 128, 2, "1 2").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -17,13 +19,19 @@ OUT=${OUT:-benchmarks/results}
 KINDS=("$@")
 [[ ${#KINDS[@]} -gt 0 ]] || KINDS=(eagle3 eagle1 medusa)
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+NUM=${NUM:-12}
+TOKENS=${TOKENS:-128}
+REPEATS=${REPEATS:-2}
+THREADS=${THREADS:-1 2}
 hw() { echo "+ headway $*" >&2; "$PY" -m headway "$@"; }
 
 hw target build smollm2
 if [[ -z "${SKIP_TRAIN:-}" ]]; then
-    hw distill --config configs/distill-smollm2.yaml
+    # shellcheck disable=SC2086
+    hw distill --config configs/distill-smollm2.yaml ${DISTILL_ARGS:-}
     hw features --config configs/features-smollm2.yaml
-    hw distill --config configs/distill-smollm2-heldout.yaml     # evaluation rows of other task families
+    # shellcheck disable=SC2086
+    hw distill --config configs/distill-smollm2-heldout.yaml ${DISTILL_ARGS:-}  # evaluation rows, other task families
     hw features --config configs/features-smollm2-heldout.yaml
 fi
 HEADS=()
@@ -37,11 +45,11 @@ for kind in "${KINDS[@]}"; do
     HEADS+=("$final")
 done
 mkdir -p "$OUT"
-for threads in 1 2; do
+for threads in $THREADS; do
     # no HF assisted baseline: no smaller model with SmolLM2's tokenizer can be had offline
     # shellcheck disable=SC2086
-    hw bench --target smollm2 --heads "${HEADS[@]}" --prompts chat:heldout --num_prompts 12 \
-        --max_new_tokens 128 --temperature 0 1 --repeats 2 --threads "$threads" --baselines hf-prompt-lookup \
+    hw bench --target smollm2 --heads "${HEADS[@]}" --prompts chat:heldout --num_prompts "$NUM" \
+        --max_new_tokens "$TOKENS" --temperature 0 1 --repeats "$REPEATS" --threads "$threads" --baselines hf-prompt-lookup \
         --json "$OUT/smollm2-bench-t$threads.json" --plot "$OUT/smollm2-bench-t$threads.png" ${BENCH_ARGS:-} \
         | tee "$OUT/smollm2-bench-t$threads.txt"
 done

@@ -120,3 +120,15 @@ def test_articles_and_plurals():
     assert cc._articles("a optician and a urban planner, a ultimate a unique a one-off a LED a UX") == \
         "an optician and an urban planner, an ultimate a unique a one-off an LED a UX"
     assert [cc._plural(x) for x in ("red fox", "wolf", "otter")] == ["red foxes", "wolves", "otters"]
+
+
+def test_dev_is_the_heldout_tail_that_bench_prefixes_never_reach(heldout):
+    """chat:dev (evaluation, calibration) and any benchmark prefix of chat:heldout shorter than
+    len(heldout) - DEV_PROMPTS share no prompt; dev keeps the held-out ids and covers every family."""
+    dev = read_samples("chat:dev").samples
+    assert len(dev) == cc.DEV_PROMPTS and [s.prompt for s in dev] == [p.text for p in heldout[-cc.DEV_PROMPTS:]]
+    assert all(s.id.startswith("chat:heldout:") for s in dev)
+    assert {s.meta["family"] for s in dev} == {p.family for p in heldout}
+    bench = read_samples("chat:heldout", limit=len(heldout) - cc.DEV_PROMPTS).samples
+    assert not {s.prompt for s in bench} & {s.prompt for s in dev}
+    assert [s.prompt for s in read_samples("chat:dev", limit=5).samples] == [s.prompt for s in dev[:5]]

@@ -284,3 +284,50 @@ def test_offline_two_processes_match_one_process(tmp_path):
     for k, v in h1.state_dict().items():
         torch.testing.assert_close(h2.state_dict()[k], v, rtol=1e-4, atol=1e-5)
     assert h1.metadata["eval"]["positions"] == h2.metadata["eval"]["positions"] > 0
+
+
+
+def test_length_windows_sort_each_window_longest_first():
+    from headway.train.loop import length_windows
+
+    lengths = [5, 9, 1, 9, 3, 7, 2]
+    order = [6, 0, 3, 2, 5, 1, 4]  # windows of 3: [6 0 3] [2 5 1] [4]
+    assert length_windows(order, lengths, 3) == [3, 0, 6, 1, 5, 2, 4]
+    assert length_windows([1, 5, 3], lengths, 3) == [1, 3, 5]  # a tie keeps the seeded order
+    assert length_windows(order, lengths, 0) == order and length_windows(order, None, 3) == order
+
+
+def test_group_by_length_pads_less_and_offline_still_equals_online(setup, tmp_path):
+    """Grouped, each epoch is still a permutation of the rows, batches pad less, the order is the
+    same for Arrow rows and feature rows, and offline training still equals online training."""
+    from headway.train.loop import EpochView
+    from headway.train.rows import row_lengths
+
+    _, target_dir, _, feats = setup
+    on, _ = split_data(config(setup, tmp_path / "x", "eagle1", eval_fraction=0.0))
+    off, _ = split_data(config(setup, tmp_path / "x", "eagle1", eval_fraction=0.0, features=str(feats)), ["final"])
+    lengths = row_lengths(on, 20)
+    assert lengths == row_lengths(off, 20) and min(lengths) < 20 == max(lengths)
+
+    def padded(view, batch=4):
+        order = [view._perm(e)[i] for e in range(view.epochs) for i in range(view.n)]
+        assert all(sorted(order[e * view.n:(e + 1) * view.n]) == list(range(view.n)) for e in range(view.epochs))
+        return sum(len(b) * max(lengths[i] for i in b) for b in (order[a:a + batch] for a in range(0, len(order), batch)))
+
+    plain, grouped = EpochView(on, 0, 2), EpochView(on, 0, 2, lengths, 4 * 4)
+    assert padded(grouped) < 0.95 * padded(plain)
+    assert [grouped._perm(e) for e in range(2)] == [EpochView(off, 0, 2, row_lengths(off, 20), 16)._perm(e)
+                                                      for e in range(2)]
+
+    target, tok = load_target(str(target_dir), device="cpu")
+    kw = {"group_by_length": 4}
+    online = fit(config(setup, tmp_path / "online", "eagle1", **kw), target, tok)
+    offline = fit(config(setup, tmp_path / "offline", "eagle1", data="", features=str(feats), **kw), target, tok)
+    a, b = log_losses(tmp_path / "online"), log_losses(tmp_path / "offline")
+    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-4, atol=1e-4)
+    assert a != log_losses_plain(setup, tmp_path, target, tok)  # the grouped order is another order
+
+
+def log_losses_plain(setup, tmp_path, target, tok):
+    fit(config(setup, tmp_path / "plain", "eagle1"), target, tok)
+    return log_losses(tmp_path / "plain")

@@ -9,6 +9,9 @@ docstrings, short stdlib functions and the ``pydoc_data`` help topics).
 - **heldout** (~330 prompts, 6 other families): comparison essays, advice letters, role-play,
   step-by-step plans, FAQ answers, interview-style Q&A. Neither family nor subject lists are shared with
   train, so a benchmark on it measures how well heads generalise to a new style.
+- **dev** (the last ``DEV_PROMPTS`` held-out prompts): for training-time evaluation and calibration
+  (``chat:dev``). Benchmarks take a prefix of held-out prompts shorter than ``len(heldout) - DEV_PROMPTS``,
+  so the prompts a benchmark times were never used to evaluate, calibrate or select heads.
 
 Everything is deterministic: each family draws from its own ``random.Random`` seeded by a fixed
 string, prompts are deduplicated by normalised text, and families are interleaved round-robin so any
@@ -36,6 +39,7 @@ SPLITS = ("train", "heldout")
 SEED = "headway-chat-corpus-v1"
 TRAIN_PER_FAMILY = 84
 HELDOUT_PER_FAMILY = 55
+DEV_PROMPTS = 120  # the held-out split's tail, all six families (round-robin order)
 MIN_CHARS, MAX_CHARS = 15, 800  # ~200 tokens at most for English text / short code
 SNIPPET_CHARS = 520
 
@@ -1399,8 +1403,14 @@ def family_counts(split: str) -> dict[str, int]:
 
 
 def chat_samples(split: str, limit: int | None = None) -> list[Sample]:
-    """``Sample``s with plain ``prompt`` text and ids ``chat:<split>:<family>:<i>``; ``limit`` is a prefix."""
-    prompts = chat_prompts(split)[:limit] if limit is not None else chat_prompts(split)
+    """``Sample``s with plain ``prompt`` text and ids ``chat:<split>:<family>:<i>``; ``limit`` is a prefix.
+    ``dev`` is the held-out split's last ``DEV_PROMPTS`` prompts (ids ``chat:heldout:...``)."""
+    if split == "dev":  # a view of the held-out split: its tail, ids unchanged
+        prompts = chat_prompts("heldout")[-DEV_PROMPTS:]
+        split = "heldout"
+    else:
+        prompts = chat_prompts(split)
+    prompts = prompts[:limit] if limit is not None else prompts
     return [Sample(p.id(split), prompt=p.text, meta={"family": p.family}) for p in prompts]
 
 

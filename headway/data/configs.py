@@ -27,7 +27,7 @@ ENGINES = ("hf", "vllm")
 class DistillConfig(TargetArgs):
     source: str = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations rows), "
                            "a datasets folder, a Hub dataset name, demo:train / demo:heldout, or the built-in chat "
-                           "instructions chat:train / chat:heldout", positional=True)
+                           "instructions chat:train / chat:heldout / chat:dev", positional=True)
     output: str = opt("runs/distilled", "output folder (resumed if it holds shards of the same settings)")
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
     prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "

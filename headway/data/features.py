@@ -320,6 +320,13 @@ class FeatureStore:
             self._open[j] = (f, f.get_tensor("offsets"))
         return self._open[j]
 
+    def lengths(self) -> list[int]:
+        """Every row's token count, from the shards' offsets (no feature is read)."""
+        out: list[int] = []
+        for j in range(len(self.shards)):
+            out += self._shard(j)[1].diff().tolist()
+        return out
+
     def __getstate__(self) -> dict[str, Any]:
         """Open files stay behind when the store is pickled (DataLoader workers open their own)."""
         return {**self.__dict__, "_open": {}}

@@ -158,6 +158,8 @@ class TrainConfig(TargetArgs):
                                        "continues the same run (for time-boxed sessions)")
     batch_size: int = opt(8, "rows per process per micro-batch")
     grad_accum: int = opt(1, "micro-batches per optimiser step (global batch = batch_size * processes * grad_accum)")
+    group_by_length: int = opt(0, "sort rows by length inside windows of N global batches of the seeded order, so "
+                                  "a batch pads to a length near its rows' own (less compute on padding; 0 = off)")
     mixed_precision: str = opt("no", "accelerate mixed precision: no, bf16, fp16, or auto (bf16 where it is fast: "
                                      "a GPU that supports it, a CPU measured faster in bf16 than fp32; else no)", choices=PRECISIONS)
     save_every: int = opt(500, "save a resumable checkpoint every N optimiser steps (and always at the end); 0 = end only")
@@ -185,5 +187,6 @@ class TrainConfig(TargetArgs):
         check_choice(self.report_to, TRACKERS, "report_to")
         check_numbers(self, "", {"eval_fraction": "in [0, 1)", "max_length": ">= 1", "max_steps": ">= 0",
                                  "epochs": "> 0", "stop_after": ">= 1", "batch_size": ">= 1", "grad_accum": ">= 1",
+                                 "group_by_length": ">= 0",
                                  "save_every": ">= 0", "keep_checkpoints": ">= 0", "log_every": ">= 1",
                                  "eval_every": ">= 0", "eval_max_batches": ">= 1", "num_workers": ">= 0"})

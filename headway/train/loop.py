@@ -42,7 +42,7 @@ from .errors import NonFiniteError, TrainError
 from .losses import IGNORE_INDEX, medusa_labels
 from .metrics import json_safe
 from .registry import TASKS
-from .rows import FeatureRows, load_rows
+from .rows import FeatureRows, load_rows, row_lengths
 from .sharding import env_true, full_state, is_sharded, local_part, shard_sizes, shard_target
 from .tasks import ParamGroup, Task
 
@@ -52,10 +52,14 @@ class EpochView(Dataset):
     """Rows of ``epochs`` passes over ``rows``, each pass in its own seeded order.
 
     A flat, sequential index makes the data order a pure function of (seed, step): resuming
-    skips batches, and 1 or N processes see the same global batches."""
+    skips batches, and 1 or N processes see the same global batches. With ``lengths`` and a
+    ``window`` (rows), each pass is cut into windows of its seeded order and every window is
+    sorted longest first, so consecutive batches hold rows of similar length and pad less."""
 
-    def __init__(self, rows: Any, seed: int, epochs: int) -> None:
+    def __init__(self, rows: Any, seed: int, epochs: int, lengths: Sequence[int] | None = None,
+                 window: int = 0) -> None:
         self.rows, self.seed, self.epochs, self.n = rows, seed, epochs, len(rows)
+        self.lengths, self.window = lengths, window
         self._perms: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
@@ -64,11 +68,23 @@ class EpochView(Dataset):
     def _perm(self, epoch: int) -> list[int]:
         if epoch not in self._perms:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perms[epoch] = torch.randperm(self.n, generator=g).tolist()
+            self._perms[epoch] = length_windows(torch.randperm(self.n, generator=g).tolist(), self.lengths,
+                                                self.window)
         return self._perms[epoch]
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.rows[self._perm(i // self.n)[i % self.n]]
+
+
+def length_windows(order: list[int], lengths: Sequence[int] | None, window: int) -> list[int]:
+    """``order`` cut into windows of ``window`` rows, each sorted by length, longest first (stable:
+    ties keep the seeded order). Unchanged without lengths or with a window of 0 or 1."""
+    if lengths is None or window <= 1:
+        return order
+    out: list[int] = []
+    for a in range(0, len(order), window):
+        out += sorted(order[a:a + window], key=lambda i: -lengths[i])
+    return out
 
 
 def check_data_paths(cfg: TrainConfig) -> None:
@@ -409,7 +425,7 @@ def trainable_only_hook(models: list[nn.Module], weights: list[dict[str, Tensor]
 
 
 RUN_KEYS = ("kind", "target", "data", "features", "seed", "max_steps", "epochs", "max_length", "optim", "medusa",
-            "lora", "eagle")
+            "lora", "eagle", "group_by_length")
 
 
 def run_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
@@ -777,7 +793,9 @@ def train_loader(rows: Any, cfg: TrainConfig, steps: int, global_batch: int, pad
     """Enough seeded epochs for every step (plus one batch per process), in a fixed order."""
     world = accelerator.num_processes
     epochs = max(1, math.ceil((steps * global_batch + cfg.batch_size * world) / len(rows)))
-    return DataLoader(EpochView(rows, cfg.seed, epochs), batch_size=cfg.batch_size, shuffle=False,
+    lengths = row_lengths(rows, cfg.max_length) if cfg.group_by_length else None
+    view = EpochView(rows, cfg.seed, epochs, lengths, cfg.group_by_length * global_batch)
+    return DataLoader(view, batch_size=cfg.batch_size, shuffle=False,
                       collate_fn=collate_fn(rows, pad_id, cfg.max_length), num_workers=cfg.num_workers,
                       pin_memory=bool(cfg.features) and accelerator.device.type == "cuda")  # stored states: copy fast
 

@@ -29,8 +29,22 @@ class FeatureRows(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.store.row(self.indices[i], self.keys, self.max_length)
 
+    def lengths(self) -> list[int]:
+        """Token count of each row (after ``max_length``), without reading a feature."""
+        every = self.store.lengths()
+        cap = self.max_length or max(every, default=0)
+        return [min(every[i], cap) for i in self.indices]
+
     def select(self, indices: Sequence[int]) -> "FeatureRows":
         return FeatureRows(self.store, self.keys, self.max_length, [self.indices[i] for i in indices])
 
 
-__all__ = ["FeatureRows", "load_rows"]
+def row_lengths(rows: Any, max_length: int | None = None) -> list[int]:
+    """Token count of each training row (FeatureRows or distilled Arrow rows), capped at ``max_length``."""
+    if isinstance(rows, FeatureRows):
+        return rows.lengths()
+    cap = max_length or 1 << 62
+    return [min(len(ids), cap) for ids in rows["input_ids"]]
+
+
+__all__ = ["FeatureRows", "load_rows", "row_lengths"]
