@@ -161,6 +161,33 @@ def test_eagle1_loss_parts(llama):
     pred = d(ids[:, 1:], f[:, :-1], torch.arange(7)[None].expand(2, 7), ttt_mask(7, 0, torch.float32, "cpu"))
     by_hand = F.smooth_l1_loss(pred[:, :6], f[:, 1:7])
     torch.testing.assert_close(m["feature"], by_hand, atol=1e-5, rtol=1e-5)
+    # the CE: soft labels = the target's distribution at t+1, scored at the trained positions t < T-2
+    p = F.softmax(out.logits[:, 1:7].float(), -1)
+    q = F.log_softmax(d.full_logits(pred[:, :6]).float(), -1)
+    torch.testing.assert_close(m["ce0"], -(p * q).sum(-1).mean(), atol=1e-5, rtol=1e-5)
+
+
+def test_eagle1_loss_with_a_draft_vocab_scores_only_its_rows(llama):
+    """With a draft vocabulary the CE is over its rows (the target's distribution renormalised on
+    them), prompt positions (loss_mask 0) carry no label, and acc compares target ids."""
+    target, _ = llama
+    torch.manual_seed(1)
+    d = Eagle1Drafter.for_target(target, draft_vocab=torch.randperm(target.config.vocab_size)[:50])
+    ids = torch.randint(3, 300, (2, 9))
+    out = target(input_ids=ids, output_hidden_states=True)
+    f = out.hidden_states[-1]
+    lm = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1]] * 2)  # tokens 3..8 are answers: positions 1..6 trained
+    _, m = eagle1_loss(d, ids, f, out.logits, lm, noise=None)
+    pred = d(ids[:, 1:], f[:, :-1], torch.arange(8)[None].expand(2, 8), ttt_mask(8, 0, torch.float32, "cpu"))
+    draft_ids = d.draft_token_ids()  # the draft rows' target ids (sorted)
+    p = F.softmax(out.logits[:, 2:8].float()[..., draft_ids], -1)  # labels at t+1 for t = 1..6
+    logits = d.draft_logits(pred[:, 1:7])
+    q = F.log_softmax(logits.float(), -1)
+    torch.testing.assert_close(m["ce0"], -(p * q).sum(-1).mean(), atol=1e-5, rtol=1e-5)
+    hits = d.draft_to_target_ids(logits.argmax(-1)) == out.logits[:, 2:8].argmax(-1)
+    torch.testing.assert_close(m["acc0"], hits.float().mean())
+    lm_all = torch.ones_like(ids)
+    assert eagle1_loss(d, ids, f, out.logits, lm_all, noise=None)[1]["ce0"] != m["ce0"]
 
 
 def naive_chain(drafter, ids, hidden, t, depth):

@@ -78,16 +78,6 @@ def label_mask(loss_mask: Tensor, shift: int) -> Tensor:
     return shift_left(loss_mask.bool(), shift, False)
 
 
-def soft_ce(logits: Tensor, target_p: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """Mean over valid positions of -sum_v p(v) log q(v); also the valid count.
-
-    logits (B, T, V) draft; target_p (B, T, V) target probabilities; valid (B, T) bool."""
-    logq = F.log_softmax(logits.float(), dim=-1)
-    ce = -(target_p * logq).sum(-1)  # (B, T)
-    n = valid.sum()
-    return (ce * valid).sum() / n.clamp(min=1), n
-
-
 def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target_logits: Tensor,
                     loss_mask: Tensor, steps: int = 7, decay: float = 0.8,
                     hard_weight: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
@@ -136,7 +126,10 @@ def eagle1_loss(drafter: nn.Module, input_ids: Tensor, features: Tensor, target_
 
     features (B, T, H) final post-norm target states; target_logits (B, T, V); ``noise``
     (B, T, H) is added to the input features only (the paper's U(-0.1, 0.1)); the caller draws
-    it so its randomness is explicit."""
+    it so its randomness is explicit. The CE runs on the trained positions only, and a drafter
+    with a draft vocabulary scores it there (the target's distribution renormalised on it, as
+    EAGLE-3 does): decoding drafts only from those rows, and the full 49k-row projection of a
+    SmolLM2-sized vocabulary would cost more than the rest of the step."""
     inputs = features if noise is None else features + noise.to(features.dtype)
     B, T = input_ids.shape
     pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)
@@ -147,10 +140,18 @@ def eagle1_loss(drafter: nn.Module, input_ids: Tensor, features: Tensor, target_
     target_feat = shift_left(features, 1).float()  # (B, T, H) f_{t+1}
     fl = F.smooth_l1_loss(pred.float(), target_feat, reduction="none").mean(-1)  # (B, T)
     feat_loss = (fl * valid).sum() / n
-    tl = shift_left(target_logits, 1).float()
-    logits = drafter.logits(pred)  # (B, T, V)
-    ce, _ = soft_ce(logits, F.softmax(tl, dim=-1), valid)
-    acc = ((logits.detach().argmax(-1) == tl.argmax(-1)) & valid).sum().float() / n
+    tl = shift_left(target_logits, 1)[valid].float()  # (N, V)
+    target_top = tl.argmax(-1)  # (N,) target ids
+    if getattr(drafter, "has_draft_vocab", False):
+        tl = tl[:, drafter.draft_token_ids()]  # (N, Vd)
+        logits = drafter.draft_logits(pred[valid])  # (N, Vd)
+        top = drafter.draft_to_target_ids(logits.detach().argmax(-1))  # (N,)
+    else:
+        logits = drafter.full_logits(pred[valid])  # (N, V)
+        top = logits.detach().argmax(-1)
+    logq = F.log_softmax(logits.float(), dim=-1)
+    ce = -(F.softmax(tl, dim=-1) * logq).sum() / n
+    acc = (top == target_top).sum().float() / n
     loss = feature_weight * feat_loss + ce_weight * ce
     return loss, {"feature": feat_loss.detach(), "ce0": ce.detach(), "acc0": acc}
 
