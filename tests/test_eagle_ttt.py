@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from headway.heads import Eagle1Drafter, Eagle3Drafter
 from headway.heads.layers import DraftCache
 from headway.testing import tiny_target
-from headway.train.ttt import (chain_accepted, eagle1_loss, eagle3_ttt_loss, shift_left, summarize_acceptance,
-                               acceptance_stats, ttt_mask, unroll)
+from headway.train.ttt import (chain_accepted, eagle1_loss, eagle3_ttt_loss, label_mask, label_rows, rows_mask,
+                               shift_left, summarize_acceptance, acceptance_stats, ttt_mask, unroll, unroll_rows)
 
 NEG = torch.finfo(torch.float32).min
 
@@ -86,6 +86,64 @@ def test_unroll_equals_inference_drafting(llama, which):
             node_mask = torch.zeros(1, 1, 1, len(cache) + 1)  # the node sees the prefix, its ancestors, itself
             h = drafter(ids[:, t + j + 1:t + j + 2], h, torch.full((2, 1), t + j), node_mask, cache)
             torch.testing.assert_close(h[:, 0], outs[j][:, t], atol=2e-4, rtol=2e-4)
+
+
+def test_label_rows_and_rows_mask_by_hand():
+    # steps 1..2 need index t where token t+3 or t+4 is an answer token
+    lm = torch.tensor([[0, 0, 0, 0, 1, 1, 0, 0],
+                       [0, 1, 1, 1, 1, 1, 1, 0]])
+    idx, ok = label_rows(lm, 3)
+    assert idx.shape == (2, 4) and ok.tolist() == [[True] * 3 + [False], [True] * 4]
+    assert idx[0, :3].tolist() == [0, 1, 2] and idx[1].tolist() == [0, 1, 2, 3]
+    m = rows_mask(torch.tensor([[1, 3]]), 4, 1, torch.float32)  # 2 queries at indices 1, 3; step 1
+    assert m.shape == (1, 1, 2, 6)
+    assert (m[0, 0] == 0).int().tolist() == [[1, 1, 0, 0, 1, 0],
+                                             [1, 1, 1, 1, 0, 1]]
+
+
+def reference_ttt_loss(d, ids, fused, logits, loss_mask, steps, decay, hard_weight):
+    """The loss with every step run at every index (plain ``unroll``): what skipping rows must equal."""
+    draft_ids = d.draft_token_ids()
+    p = F.softmax(logits.float()[..., draft_ids], -1)
+    top = logits.argmax(-1)
+    to_draft = torch.zeros(d.t2d.numel(), dtype=torch.long)
+    to_draft[draft_ids] = torch.arange(draft_ids.numel())
+    loss = 0.0
+    for j, (out, lg) in enumerate(unroll(d, ids, fused, steps)):
+        valid = label_mask(loss_mask, j + 2) & shift_left(d.t2d[top], j + 1, False)
+        logq = F.log_softmax(lg[valid].float(), -1)
+        n = valid.sum().clamp(min=1)
+        ce = -(shift_left(p, j + 1)[valid] * logq).sum() / n
+        hard = F.nll_loss(logq, to_draft[shift_left(top, j + 1)[valid]], reduction="sum") / n
+        loss = loss + decay ** j * (ce + hard_weight * hard)
+    return loss
+
+
+def test_eagle3_loss_skipping_prompt_rows_equals_the_full_unroll(llama):
+    """Steps 1.. run only where a label follows (answers of rows with prompts and padding of
+    different lengths): loss and every gradient equal running them everywhere."""
+    target, _ = llama
+    _, d = drafters(target)
+    d.set_draft_vocab(torch.arange(200))
+    torch.manual_seed(3)
+    ids = torch.randint(3, 300, (3, 14))
+    fused, logits = (x.detach() for x in features(d, target, ids))
+    lm = torch.zeros_like(ids)
+    lm[0, 5:12] = 1  # prompt 0..4, answer, padding 12..13
+    lm[1, 2:] = 1
+    lm[2, 9:11] = 1
+    assert label_rows(lm, 4)[0].shape[1] < ids.shape[1]  # rows really were skipped
+    got, _ = eagle3_ttt_loss(d, ids, fused, logits, lm, steps=4, decay=0.8, hard_weight=1.0)
+    g_got = torch.autograd.grad(got, list(d.parameters()), allow_unused=True)
+    want = reference_ttt_loss(d, ids, fused, logits, lm, 4, 0.8, 1.0)
+    g_want = torch.autograd.grad(want, list(d.parameters()), allow_unused=True)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for (name, _), a, b in zip(d.named_parameters(), g_got, g_want):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    outs = list(unroll_rows(d, ids, fused, 4, label_rows(lm, 4)[0]))
+    assert outs[0].shape[1] == 14 and outs[1].shape[1] == label_rows(lm, 4)[0].shape[1]
 
 
 def test_eagle3_loss_one_step_by_hand(llama):

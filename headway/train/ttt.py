@@ -73,6 +73,54 @@ def unroll(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, steps: int,
             ids = drafter.to_target_ids(step_logits.argmax(-1)) if own_tokens else shift_left(input_ids, j + 2)
 
 
+def label_rows(loss_mask: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """The indices unrolled steps 1.. must run at: (idx (B, N) long, ok (B, N) bool).
+
+    Step j >= 1 at index t is needed only where some step j' >= j has a label there, i.e.
+    token t+j'+2 is an answer token; nothing else reads it (later steps see step-j keys at
+    their own index only). ``idx`` lists those t in order per row, padded to the batch's
+    largest count N with indices ``ok`` marks False."""
+    need = torch.zeros_like(loss_mask, dtype=torch.bool)
+    for j in range(1, steps):
+        need |= label_mask(loss_mask, j + 2)
+    counts = need.sum(1)  # (B,)
+    N = max(1, int(counts.max())) if need.numel() else 1
+    idx = torch.argsort((~need).to(torch.int8), dim=1, stable=True)[:, :N]  # (B, N) needed indices first
+    ok = torch.arange(idx.shape[1], device=idx.device)[None] < counts[:, None]
+    return idx, ok
+
+
+def rows_mask(idx: Tensor, T: int, step: int, dtype: torch.dtype) -> Tensor:
+    """``ttt_mask`` for queries at indices ``idx`` (B, N) only: (B, 1, N, T + step * N). Query n
+    sees step-0 keys 0..idx[n] and, in each later step's block of N keys, only its own."""
+    N = idx.shape[1]
+    causal = torch.arange(T, device=idx.device)[None, None, :] <= idx[:, :, None]  # (B, N, T)
+    diag = torch.eye(N, dtype=torch.bool, device=idx.device).expand(idx.shape[0], N, N)  # (B, N, N)
+    visible = torch.cat([causal] + [diag] * step, dim=2)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=idx.device)
+    return mask.masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+
+
+def unroll_rows(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, steps: int, idx: Tensor
+                ) -> Iterator[Tensor]:
+    """``unroll`` for training: step 0 over the whole sequence (its keys are every later step's
+    prefix), steps 1.. only at the indices ``idx`` (B, N) (see ``label_rows``). Yields the step
+    outputs: (B, T, H) for step 0, then (B, N, H) with row n at index idx[:, n]. Equal to
+    ``unroll``'s outputs at those indices; the prompt positions of a chat batch are skipped."""
+    B, T = input_ids.shape
+    cache = DraftCache()
+    dtype = drafter.fc.weight.dtype
+    pos = torch.arange(T, device=input_ids.device)[None].expand(B, T)  # (B, T)
+    out = drafter(shift_left(input_ids, 1), hidden, pos, ttt_mask(T, 0, dtype, input_ids.device), cache)
+    yield out
+    take = idx[..., None].expand(B, idx.shape[1], out.shape[-1])  # (B, N, H)
+    h = out.gather(1, take)  # (B, N, H)
+    for j in range(1, steps):
+        ids = shift_left(input_ids, j + 1).gather(1, idx)  # (B, N): x_{t+j+1}
+        h = drafter(ids, h, idx + j, rows_mask(idx, T, j, dtype), cache)
+        yield h
+
+
 def label_mask(loss_mask: Tensor, shift: int) -> Tensor:
     """(B, T) bool: index t is trained iff token t+shift exists and has loss_mask 1."""
     return shift_left(loss_mask.bool(), shift, False)
@@ -100,11 +148,14 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
     top_draft = to_draft[target_top]  # (B, T) draft ids (0 where outside the draft vocab: masked anyway)
     loss = fused.new_zeros((), dtype=torch.float32)
     metrics: dict[str, Tensor] = {}
-    for j, (out, _) in enumerate(unroll(drafter, input_ids, fused, steps, logits=False)):
+    idx, ok = label_rows(loss_mask, steps)  # steps 1.. run only where a label follows
+    for j, out in enumerate(unroll_rows(drafter, input_ids, fused, steps, idx)):
         valid = label_mask(loss_mask, j + 2) & shift_left(in_vocab, j + 1, False)  # (B, T)
         # Project, normalise and score only the trained positions (about half of a padded chat
         # batch: prompts and padding carry no label); the loss is the masked mean either way.
-        logits = drafter.logits(out[valid])  # (N, Vd)
+        # Steps 1.. hold the rows idx (in index order, a superset of valid): the same positions.
+        at = valid if j == 0 else valid.gather(1, idx) & ok  # (B, T) or (B, N)
+        logits = drafter.logits(out[at])  # (n, Vd)
         n = valid.sum()
         logq = F.log_softmax(logits.float(), dim=-1)  # (N, Vd)
         ce = -(shift_left(target_p, j + 1)[valid] * logq).sum() / n.clamp(min=1)
