@@ -10,6 +10,9 @@
 # Heads: RUN_DIR/{medusa,eagle1,eagle3}/final (what `headway demo` writes). Tuning writes the
 # chosen tree into each heads' config.json: run it on copies if you want the originals untouched.
 # Results: OUT (default benchmarks/results)/calibration-{trees,tuned}.{txt,json} and tune-<kind>.json.
+# PROMPTS/NUM/TOKENS/THREADS size the benches, TREES the trees of step 1, TUNE_PROMPTS what tune
+# chooses on (default PROMPTS; give another set, e.g. chat:train, so the benched prompts never chose),
+# TUNE_ARGS more `headway tune` options (e.g. "--repeats 1 --probe-depth 4" on a slow target).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN_DIR=${1:-runs/demo}
@@ -20,6 +23,8 @@ PROMPTS=${PROMPTS:-demo:heldout}
 NUM=${NUM:-8}
 TOKENS=${TOKENS:-96}
 THREADS=${THREADS:-2}
+TUNE_PROMPTS=${TUNE_PROMPTS:-$PROMPTS}
+TREES=${TREES:-chain-1 chain-2 chain-3 chain-4 chain-5 chain-6 dynamic-4-5-16 dynamic-4-6-24}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT"
 HEADS=()
@@ -31,15 +36,17 @@ COMMON=(--target "$TARGET" --prompts "$PROMPTS" --num-prompts "$NUM" --max-new-t
         --baselines none --assistant none --repeats 1 --threads "$THREADS")
 
 echo "== 1. trees, calibrated and not ==" >&2
+# shellcheck disable=SC2086  # TREES is a list
 "$PY" -m headway bench "${COMMON[@]}" --heads "${HEADS[@]}" --calibration on off \
-  --tree chain-1 chain-2 chain-3 chain-4 chain-5 chain-6 dynamic-4-5-16 dynamic-4-6-24 \
+  --tree $TREES \
   --json "$OUT/calibration-trees.json" | tee "$OUT/calibration-trees.txt"
 
 echo "== 2. tune (stores each heads' default tree) ==" >&2
 for h in "${HEADS[@]}"; do
+  # shellcheck disable=SC2086  # TUNE_ARGS is a list
   kind=$(basename "$(dirname "$h")")
-  "$PY" -m headway tune --target "$TARGET" --heads "$h" --prompts "$PROMPTS" --num-prompts "$NUM" \
-    --json-out "$OUT/tune-$kind.json"
+  "$PY" -m headway tune --target "$TARGET" --heads "$h" --prompts "$TUNE_PROMPTS" --num-prompts "$NUM" \
+    --json-out "$OUT/tune-$kind.json" ${TUNE_ARGS:-}
 done
 
 echo "== 3. stored defaults, calibrated and not ==" >&2
