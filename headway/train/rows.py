@@ -44,6 +44,11 @@ def row_lengths(rows: Any, max_length: int | None = None) -> list[int]:
     if isinstance(rows, FeatureRows):
         return rows.lengths()
     cap = max_length or 1 << 62
+    if hasattr(rows, "with_format"):  # datasets.Dataset: list lengths from Arrow, no row decoded
+        import pyarrow.compute as pc
+
+        column = rows.with_format("arrow")[:]["input_ids"]  # the rows in order (a select() respected)
+        return [min(n, cap) for n in pc.list_value_length(column).to_pylist()]
     return [min(len(ids), cap) for ids in rows["input_ids"]]
 
 
