@@ -14,7 +14,7 @@ from headway.target import load_target
 
 torch.set_num_threads(2)
 default = Path.home() / ".cache/headway/targets/smollm2-0.1.2"  # `headway target build smollm2`
-model, tok = load_target(sys.argv[1] if len(sys.argv) > 1 else str(default), device="cpu")
+model, _ = load_target(sys.argv[1] if len(sys.argv) > 1 else str(default), device="cpu")
 model.eval()
 ids = torch.randint(100, 40000, (1, 120))
 def prefix():

@@ -70,8 +70,8 @@ def remove_dead_temps(final: Path) -> list[Path]:
         except ProcessLookupError:
             _remove(p)
             removed.append(p)
-        except PermissionError:  # alive, another user's
-            pass
+        except PermissionError:  # alive, another user's: keep it
+            continue
     return removed
 
 
