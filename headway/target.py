@@ -113,9 +113,15 @@ class DecodeTargetArgs(TargetArgs):
     compile: bool = opt(False, "torch.compile the target's verify forward and the drafter step (minutes of "
                                "compilation on first use; pays off on GPUs; implies --static-cache)")
 
+    linear_kernel: str = opt("auto", "CPU kernel of the decoder's few-row linears: auto = measure F.linear against "
+                                     "the weight-major product (W @ x.T) on the models' weights and keep the faster per "
+                                     "row count; stock = F.linear; weight-major = always (output unchanged)",
+                             choices=("auto", "stock", "weight-major"))
+
     def runtime_kwargs(self) -> dict[str, Any]:
         """The ``Speculator`` keyword arguments these options ask for."""
-        return {"heads_dtype": self.heads_dtype, "static_cache": self.static_cache, "compile": self.compile}
+        return {"heads_dtype": self.heads_dtype, "static_cache": self.static_cache, "compile": self.compile,
+                "linear_kernel": self.linear_kernel}
 
 
 def resolve_target_path(name: str) -> str:

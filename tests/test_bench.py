@@ -336,3 +336,17 @@ def test_batch_size_is_checked(kw, message):
     with pytest.raises(ConfigError, match=message):
         load_config(BenchConfig, None, kw)
     assert BenchConfig().batch_size == [] and load_config(BenchConfig, None, {"batch_size": [8, 1, 8]}).batch_size == [1, 8]
+
+
+def test_weight_major_baseline_and_the_kernel_plan_are_reported(folders):
+    """``--baselines hf-weight-major``: HF generate with the decoder's linear kernel (forced here), exact
+    like the headway rows; the report names the plan each method decoded with."""
+    rep = bench(config(folders, heads=[str(folders / "medusa")], temperature=[0.0], baselines=["hf-weight-major"],
+                       assistant=None, repeats=1, warmup=0, linear_kernel="weight-major"))
+    kinds = [m["kind"] for m in rep["methods"]]
+    assert kinds == ["hf_generate", "hf_weight_major", "medusa"]
+    assert all(m["exact_match"] == 1.0 for m in rep["methods"])
+    plans = rep["settings"]["linear_kernels"]
+    assert plans == {"hf-weight-major": "weight-major at 1, 2, 3-4, 5-8, 9-16 rows",
+                     "medusa[chain-3]": "weight-major at 1, 2, 3-4, 5-8, 9-16 rows"}
+    assert "linear kernel: weight-major at 1" in render_table(rep).caption

@@ -7,14 +7,16 @@ hooks counts target forwards, times the outermost forwards of the target and of 
 return; the wall clock brackets the whole call.
 
 Methods:
-- ``HFMethod``: plain ``generate`` (greedy or sampling), assisted generation with a small draft
-  model, prompt-lookup decoding;
+- ``HFMethod``: plain ``generate`` (greedy or sampling), the same with headway's few-row linear
+  kernel (``headway.kernels``: what the kernel alone gains, apart from drafting), assisted
+  generation with a small draft model, prompt-lookup decoding;
 - ``HeadwayMethod``: the tree speculative decoder (``Speculator``) with one heads checkpoint
   and one tree shape.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
@@ -24,6 +26,7 @@ from torch import nn
 from transformers import Cache
 
 from ..heads.layers import DraftCache
+from ..kernels import LinearKernels
 from ..heads.metadata import calibration_temperatures
 from ..decode.shapes import DynamicShape, TreeShape
 from ..decode.speculator import GenerationStats, Speculator
@@ -55,12 +58,13 @@ class Run:
 
 class Method(Protocol):
     name: str
-    kind: str  # hf_generate | hf_assisted | hf_prompt_lookup | medusa | eagle1 | eagle3
+    kind: str  # hf_generate | hf_weight_major | hf_assisted | hf_prompt_lookup | medusa | eagle1 | eagle3
     tree: str | None
     draft_depth: int  # deepest draft token a step can accept (0: no drafts)
     heads_path: str | None  # the heads checkpoint (None for the HF baselines)
     target: nn.Module
     drafter_modules: list[nn.Module]  # modules whose outermost forwards count as drafting
+    kernels: LinearKernels | None  # the few-row linear kernel it decodes with (None: stock)
 
     def generate(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generated: ...
 
@@ -196,7 +200,8 @@ class HFMethod:
     temperature, the distribution the tree decoder samples from."""
 
     def __init__(self, name: str, kind: str, target: nn.Module, stop_ids: Sequence[int], pad_token_id: int,
-                 draft_depth: int = 0, assistant: nn.Module | None = None, **config: Any) -> None:
+                 draft_depth: int = 0, assistant: nn.Module | None = None, kernels: LinearKernels | None = None,
+                 **config: Any) -> None:
         self.name, self.kind, self.tree, self.draft_depth = name, kind, None, draft_depth
         self.heads_path: str | None = None
         self.target = target
@@ -204,10 +209,11 @@ class HFMethod:
         self.config = config  # extra GenerationConfig fields, e.g. prompt_lookup_num_tokens
         self.assistant = assistant
         self.drafter_modules = [assistant] if assistant is not None else []
+        self.kernels = kernels  # hf_weight_major: plain generate with headway's few-row linear kernel
 
     @property
     def drafts(self) -> bool:
-        return self.kind != "hf_generate"
+        return self.kind not in ("hf_generate", "hf_weight_major")
 
     def param_bytes(self) -> int:
         return module_bytes(self.target, *self.drafter_modules)
@@ -224,8 +230,9 @@ class HFMethod:
         extra = {"assistant_model": self.assistant} if self.assistant is not None else {}
         torch.manual_seed(seed)
         rec = StepRecorder()
-        out = self.target.generate(x, attention_mask=torch.ones_like(x), generation_config=gc, streamer=rec,
-                                   **extra)  # (1, T + new)
+        with self.kernels() if self.kernels is not None else contextlib.nullcontext():
+            out = self.target.generate(x, attention_mask=torch.ones_like(x), generation_config=gc, streamer=rec,
+                                       **extra)  # (1, T + new)
         new = out[0, len(ids):].tolist()
         if not self.drafts:
             return Generated(new)
@@ -280,6 +287,7 @@ class HeadwayMethod:
         borrowed = [m for m in (heads.__dict__.get("_target_embed"), heads.__dict__.get("_target_lm_head"))
                     if m is not None]
         self.drafter_modules = [heads, *heads.children(), *borrowed]
+        self.kernels: LinearKernels | None = speculator.kernels
 
     def param_bytes(self) -> int:
         return module_bytes(self.target, self.speculator.heads)

@@ -9,7 +9,8 @@ JSON schema ``headway.bench/1`` (one object; every time is in seconds, every siz
 - ``assistant``: {``path``, ``parameters``, ``num_hidden_layers``, ``note``} — the draft model of
   HF assisted generation; null when ``--baselines`` leaves hf-assisted out
 - ``settings``: the ``BenchConfig`` fields plus ``torch``, ``transformers``, ``threads``,
-  ``cpu_count``
+  ``cpu_count``, ``linear_kernels`` ({method name: the few-row linear plan it decoded with, e.g.
+  "weight-major at 2, 3-4 rows" or "stock"})
 - ``prompts``: {``source``, ``count``, ``prompt_format`` (how the prompts became token ids, as
   ``headway distill`` conditions the target: "raw", "chat (template of the target)",
   "chat (template from FILE)" or "mixed: ... for N, raw for M"), ``mean_tokens``, ``ids`` (the
@@ -19,7 +20,7 @@ JSON schema ``headway.bench/1`` (one object; every time is in seconds, every siz
   target makes acceptance meaningless)
 - ``process_peak_rss_bytes``: the whole process's RSS high-water mark (``resource``), or null
 - ``methods``: one object per (method, temperature):
-  ``name``, ``kind`` (hf_generate | hf_assisted | hf_prompt_lookup | medusa | eagle1 | eagle3),
+  ``name``, ``kind`` (hf_generate | hf_weight_major | hf_assisted | hf_prompt_lookup | medusa | eagle1 | eagle3),
   ``tree`` (tree spec, null for baselines), ``heads`` (checkpoint path, null for baselines),
   ``temperature``, ``lossless`` (true: the output distribution is the target's),
   ``tokens_per_s`` (median over repeats of total tokens / total time over the prompts),
@@ -145,6 +146,9 @@ def render_table(report: dict[str, Any]) -> Any:
                "acceptance then says little) · τ = new tokens / target forwards · speedup = median per-repeat "
                "ratio to hf generate · overhead = time outside target and drafter forwards · "
                f"mem = {report['methods'][0]['peak_mem_kind']} (MiB)")
+    plans = sorted(set(s.get("linear_kernels", {}).values()))
+    if plans:
+        caption += f" · linear kernel: {escape('; '.join(plans))}"
     table = Table(title=title, caption=caption, caption_justify="left")
     for col, just in (("method", "left"), ("T", "right"), ("tok/s", "right"), ("speedup", "right"),
                       ("τ", "right"), ("exact", "right"), ("accept by depth", "left"), ("fwds", "right"),

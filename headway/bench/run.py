@@ -32,6 +32,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..data.progress import quiet_transformers
+from ..kernels import LinearKernels
 from .methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run)
 from .report import SCHEMA, Record, render_table, summarize, write_plot
@@ -103,6 +104,10 @@ def baselines(target: nn.Module, tokenizer: Any, assistant: nn.Module | None, cf
     if "hf-prompt-lookup" in cfg.baselines:
         out.append(HFMethod("hf-prompt-lookup", "hf_prompt_lookup", target, stops, pad, cfg.prompt_lookup_tokens,
                             prompt_lookup_num_tokens=cfg.prompt_lookup_tokens))
+    if "hf-weight-major" in cfg.baselines:  # the decoder's kernel choice (auto unless forced), without drafts
+        kernel = cfg.linear_kernel if cfg.linear_kernel != "stock" else "auto"
+        out.append(HFMethod("hf-weight-major", "hf_weight_major", target, stops, pad,
+                            kernels=LinearKernels(kernel, [target])))
     return out
 
 
@@ -328,7 +333,8 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
         "assistant": assistant_info,
         "settings": {**dataclasses.asdict(cfg), "torch": torch.__version__, "transformers": transformers.__version__,
                      "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-                     "python": platform.python_version()},
+                     "python": platform.python_version(),
+                     "linear_kernels": {m.name: m.kernels.plan().describe() for m in methods if m.kernels is not None}},
         "prompts": {"source": cfg.prompts, "count": len(prompts), "prompt_format": loaded.format,
                     "mean_tokens": sum(map(len, prompts)) / len(prompts), "ids": loaded.names},
         "repetition_rate": repetition_rate(reference),

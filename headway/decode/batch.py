@@ -134,11 +134,16 @@ def encode_batch(spec: Speculator, prompts: Sequence[Any], max_new_tokens: int, 
     return ids
 
 
-@torch.inference_mode()
 def generate_batch(spec: Speculator, prompts: Sequence[Any], max_new_tokens: int = 128, temperature: float = 0.0,
                    chat: bool | None = None) -> BatchOutput:
     """Greedy speculative decoding of several prompts at once; row i equals ``spec.generate(prompts[i])``."""
     ids = encode_batch(spec, prompts, max_new_tokens, temperature, chat)
+    with spec.kernels():
+        return _generate(spec, ids, max_new_tokens)
+
+
+@torch.inference_mode()
+def _generate(spec: Speculator, ids: list[list[int]], max_new_tokens: int) -> BatchOutput:
     dev, dtype = spec.device, spec.dtype
     pad = spec.tokenizer.pad_token_id if spec.tokenizer.pad_token_id is not None else 0
     eos = spec._eos_ids()

@@ -63,7 +63,7 @@ class Speculator:
                  max_depth: int | None = None, typical: tuple[float, float] | None = None,
                  sampled_drafts: bool = True, sampling_tree: TreeShape | str | None = None,
                  calibrate: bool = True, heads_dtype: str | torch.dtype | None = "auto",
-                 static_cache: bool = False, compile: bool = False) -> None:
+                 static_cache: bool = False, compile: bool = False, linear_kernel: str = "auto") -> None:
         """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
         LOSSY (faster, but the output no longer follows the target's distribution); off by default.
         ``sampled_drafts``: at temperature > 0 a chain's drafts are drawn from the drafter's
@@ -81,7 +81,12 @@ class Speculator:
         target's dtype; float32 keeps full-precision drafting). ``static_cache``: a preallocated
         transformers ``StaticCache`` sized prompt + max_new_tokens + tree, with the same
         keep-accepted bookkeeping. ``compile``: torch.compile the target's verify forward and the
-        heads' forward (in place); it implies ``static_cache`` (fixed shapes, few recompiles)."""
+        heads' forward (in place); it implies ``static_cache`` (fixed shapes, few recompiles).
+        ``linear_kernel`` (``headway.kernels``): how the few-row linears of decoding multiply on CPU;
+        ``auto`` measures ``F.linear`` against the weight-major product on the models' own weights
+        (once per thread count, on first use) and keeps the faster per row count; ``stock`` is
+        ``F.linear`` everywhere. Only the target's and the heads' forwards inside a generation see it."""
+        from ..kernels import LinearKernels
         from .runtime import compile_heads, compile_verify, heads_dtype_for
 
         self.target = target
@@ -93,6 +98,7 @@ class Speculator:
         self._verify_forward = compile_verify(target) if compile else target
         if compile:
             compile_heads(self.heads)
+        self.kernels = LinearKernels(linear_kernel, [target, self.heads])
         self.max_depth = max_depth
         self.typical = typical
         self.sampled_drafts = sampled_drafts
@@ -117,7 +123,8 @@ class Speculator:
                         max_depth: int | None = None, typical: tuple[float, float] | None = None,
                         calibrate: bool = True, device_map: str | dict[str, Any] | None = None,
                         attn_implementation: str | None = None, heads_dtype: str | torch.dtype | None = "auto",
-                        static_cache: bool = False, compile: bool = False) -> "Speculator":
+                        static_cache: bool = False, compile: bool = False,
+                        linear_kernel: str = "auto") -> "Speculator":
         """``adapter``: a PEFT adapter merged into a target given by name; by default the one the heads
         checkpoint names (Medusa-2 heads are trained on an adapted target, which is the one whose
         output they reproduce). A target given as a model object is used as it is. ``device_map``,
@@ -145,7 +152,7 @@ class Speculator:
         if tree is None:
             tree = (heads.metadata.get("decode") or {}).get("tree")
         spec = cls(target, tokenizer, heads, tree, max_depth, typical, calibrate=calibrate, heads_dtype=heads_dtype,
-                   static_cache=static_cache, compile=compile)
+                   static_cache=static_cache, compile=compile, linear_kernel=linear_kernel)
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
@@ -337,7 +344,8 @@ class Speculator:
         stats.prompt_tokens = n
         eos = self._eos_ids()
         t_start = time.perf_counter()
-        state = self.start(input_ids, params, gen, max_new_tokens)
+        with self.kernels():
+            state = self.start(input_ids, params, gen, max_new_tokens)
         _sync(self.device)
         stats.time_prefill = time.perf_counter() - t_start
         emitted = state.emitted
@@ -346,12 +354,13 @@ class Speculator:
         done = self._stopped(emitted, eos, max_new_tokens, stats)
         while not done:
             t0 = time.perf_counter()
-            scored = self.draft_and_score(state, params, gen)
-            t2 = time.perf_counter()
-            verdict = self._verify(scored.tree.tokens, scored.tree.buffers, scored.logits, params, gen,
-                                   scored.draft_probs)
-            before = len(emitted)
-            self.commit(state, scored, verdict)
+            with self.kernels():  # the drafter's and the target's forwards (commit may run the drafter)
+                scored = self.draft_and_score(state, params, gen)
+                t2 = time.perf_counter()
+                verdict = self._verify(scored.tree.tokens, scored.tree.buffers, scored.logits, params, gen,
+                                       scored.draft_probs)
+                before = len(emitted)
+                self.commit(state, scored, verdict)
             del emitted[max_new_tokens:]
             stats.target_forwards += 1
             _record_depths(stats, verdict)

@@ -1,0 +1,125 @@
+"""headway.kernels: the weight-major product of few-row linears equals F.linear, is swapped in only
+inside its ``with`` block, only where the plan says, and keeps tree decoding exact."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_decode_exact import OracleProposer, make_heads, prompts, reference
+from torch import nn
+
+from headway import kernels
+from headway.decode import Speculator
+from headway.decode.proposers import make_proposer
+from headway.kernels import BUCKETS, LinearKernels, LinearPlan, plain_linears, probe_plan, weight_major, \
+    weight_major_linear
+from headway.testing import tiny_target
+
+
+@pytest.mark.parametrize("shape", [(1, 24), (2, 24), (7, 24), (1, 1, 24), (2, 5, 24), (3, 1, 24)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_weight_major_equals_f_linear(shape, bias):
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40, bias=bias)
+    x = torch.randn(shape)
+    got = weight_major_linear(x, lin.weight, lin.bias)
+    assert got.shape == (*shape[:-1], 40) and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_plan_buckets_by_hand():
+    plan = LinearPlan((False, True, True, False, True))  # buckets 1 | 2 | 3-4 | 5-8 | 9-16
+    assert [plan.use(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 500)] == \
+        [False, True, True, True, False, False, True, True, False, False]
+    assert plan.describe() == "weight-major at 2, 3-4, 9-16 rows"
+    assert LinearPlan().describe() == "stock" and not LinearPlan().active
+    assert LinearPlan.everywhere().use(16) and not LinearPlan.everywhere().use(17)  # prefill stays stock
+
+
+class Scaled(nn.Linear):  # a Linear subclass (LoRA, quantised layers) keeps its own forward
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_context_swaps_plain_linears_only_and_restores_them(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), Scaled(16, 8), nn.Linear(8, 4))
+    linears = plain_linears(model, model)  # the same module twice is listed once
+    assert linears == [model[0], model[3]]
+    calls = []
+    real = F.linear
+    monkeypatch.setattr(kernels.F, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    few, many = torch.randn(3, 8), torch.randn(40, 8)
+    stock_few, stock_many = model(few), model(many)
+    calls.clear()
+    with weight_major(linears, LinearPlan.everywhere()):
+        assert "forward" in model[0].__dict__ and "forward" not in model[2].__dict__
+        torch.testing.assert_close(model(few), stock_few, rtol=1e-5, atol=1e-6)
+        assert calls == [3]  # only the subclass went through F.linear
+        calls.clear()
+        torch.testing.assert_close(model(many), stock_many, rtol=1e-5, atol=1e-6)
+        assert calls == [40, 40, 40]  # 40 rows: past the last bucket, stock
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    with pytest.raises(RuntimeError, match="boom"), weight_major(linears, LinearPlan.everywhere()):
+        raise RuntimeError("boom")
+    assert all("forward" not in m.__dict__ for m in model.modules())  # restored after an error too
+
+
+def test_probe_picks_the_faster_kernel_per_bucket(monkeypatch):
+    """The decision, with a fake clock: weight-major at 2 and 8 rows (faster by more than the
+    margin), stock at 1 (slower), 4 (within the margin) and 16 (equal)."""
+    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 3.0, 16: 4.0},
+            "weight-major": {1: 1.5, 2: 1.0, 4: 1.95, 8: 2.0, 16: 4.0}}
+    monkeypatch.setattr(kernels, "_time", lambda linears, rows, kernel: cost[kernel].get(rows, 1.0))
+    plan = probe_plan([nn.Linear(4, 4)], margin=0.05)
+    assert plan.weight_major == (False, True, False, True, False)
+    assert probe_plan([]) == LinearPlan()  # nothing on the CPU: stock
+
+
+def test_probe_on_real_weights_returns_a_plan():
+    plan = probe_plan(plain_linears(nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64))), reps=1)
+    assert isinstance(plan, LinearPlan) and len(plan.weight_major) == len(BUCKETS)
+
+
+def test_linear_kernels_choices(monkeypatch):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    probes = []
+    monkeypatch.setattr(kernels, "probe_plan", lambda linears: probes.append(torch.get_num_threads())
+                        or LinearPlan((True,) + (False,) * (len(BUCKETS) - 1)))
+    assert LinearKernels("stock", [model]).plan() == LinearPlan() and LinearKernels("stock", [model]).linears == []
+    assert LinearKernels("weight-major", [model]).plan() == LinearPlan.everywhere()
+    auto = LinearKernels("auto", [model])
+    assert auto.plan().describe() == "weight-major at 1 rows" and auto.plan().active
+    assert len(probes) == 1  # probed once per thread count
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        auto.plan()
+    finally:
+        torch.set_num_threads(threads)
+    assert len(probes) == 2
+    with pytest.raises(ValueError, match="unknown linear kernel 'fast'"):
+        LinearKernels("fast", [model])
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_tree_decoding_stays_exact_with_weight_major_linears(kind):
+    """The drafter and the target both run weight-major; greedy output equals HF generate's (stock)."""
+    model, tok = tiny_target("llama")
+    spec = Speculator(model, tok, make_heads(kind, model), tree="chain-3", linear_kernel="weight-major")
+    assert len(spec.kernels.linears) > len(plain_linears(model)) - 1  # the heads' linears too
+    for p in prompts(tok, n=4):
+        ref = reference(model, p, 16)
+        spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), model.config.vocab_size)
+        assert spec.generate(p, max_new_tokens=16).ids == ref
+    assert all("forward" not in m.__dict__ for m in model.modules())  # nothing left swapped in
+
+
+def test_batched_decoding_runs_weight_major(monkeypatch):
+    model, tok = tiny_target("llama")
+    spec = Speculator(model, tok, make_heads("eagle3", model), tree="chain-2", linear_kernel="weight-major")
+    seen = []
+    real = kernels.weight_major_linear
+    monkeypatch.setattr(kernels, "weight_major_linear", lambda x, w, b=None: seen.append(1) or real(x, w, b))
+    ps = prompts(tok, n=3)
+    out = spec.generate_batch(ps, max_new_tokens=8)
+    assert seen and [r.ids for r in out.rows] == [reference(model, p, 8) for p in ps]
