@@ -49,7 +49,7 @@ for threads in $THREADS; do
     # no HF assisted baseline: no smaller model with SmolLM2's tokenizer can be had offline
     # shellcheck disable=SC2086
     hw bench --target smollm2 --heads "${HEADS[@]}" --prompts chat:heldout --num_prompts "$NUM" \
-        --max_new_tokens "$TOKENS" --temperature 0 1 --repeats "$REPEATS" --threads "$threads" --baselines hf-prompt-lookup \
+        --max_new_tokens "$TOKENS" --temperature 0 1 --repeats "$REPEATS" --threads "$threads" --baselines hf-prompt-lookup hf-weight-major \
         --json "$OUT/smollm2-bench-t$threads.json" --plot "$OUT/smollm2-bench-t$threads.png" ${BENCH_ARGS:-} \
         | tee "$OUT/smollm2-bench-t$threads.txt"
 done

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import time
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -141,26 +142,33 @@ def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05
     return LinearPlan(tuple(picks))
 
 
-class LinearKernels:
-    """A decoder's choice of linear kernel (``stock``, ``weight-major`` or ``auto``) for a set of
-    modules; ``auto`` probes once per thread count, on first use."""
+# plans probed per target module and thread count, shared by every decoder on that target (so the
+# rows of one benchmark run compare like with like)
+_PLANS: "weakref.WeakKeyDictionary[nn.Module, dict[int, LinearPlan]]" = weakref.WeakKeyDictionary()
 
-    def __init__(self, kernel: str, modules: Iterable[nn.Module]) -> None:
+
+class LinearKernels:
+    """A decoder's choice of linear kernel (``stock``, ``weight-major`` or ``auto``) for the
+    target's and the drafter's linears; ``auto`` probes on the target's weights (they dominate the
+    cost), once per target and thread count, on first use."""
+
+    def __init__(self, kernel: str, target: nn.Module, *drafters: nn.Module) -> None:
         if kernel not in KERNELS:
             raise ValueError(f"unknown linear kernel '{kernel}'; use one of {', '.join(KERNELS)}")
         self.kernel = kernel
-        self.linears = plain_linears(*modules) if kernel != "stock" else []
-        self._plans: dict[int, LinearPlan] = {}
+        self.target = target
+        self.linears = plain_linears(target, *drafters) if kernel != "stock" else []
 
     def plan(self) -> LinearPlan:
         if self.kernel == "stock" or not self.linears:
             return LinearPlan()
         if self.kernel == "weight-major":
             return LinearPlan.everywhere()
+        plans = _PLANS.setdefault(self.target, {})
         threads = torch.get_num_threads()
-        if threads not in self._plans:
-            self._plans[threads] = probe_plan(self.linears)
-        return self._plans[threads]
+        if threads not in plans:
+            plans[threads] = probe_plan(plain_linears(self.target))
+        return plans[threads]
 
     def __call__(self) -> contextlib.AbstractContextManager[None]:
         """``with kernels():`` runs the block with this plan."""

@@ -81,24 +81,26 @@ def test_probe_on_real_weights_returns_a_plan():
 
 
 def test_linear_kernels_choices(monkeypatch):
-    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    model, drafter = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), nn.Linear(8, 8)
     probes = []
-    monkeypatch.setattr(kernels, "probe_plan", lambda linears: probes.append(torch.get_num_threads())
+    monkeypatch.setattr(kernels, "probe_plan", lambda linears: probes.append(len(linears))
                         or LinearPlan((True,) + (False,) * (len(BUCKETS) - 1)))
-    assert LinearKernels("stock", [model]).plan() == LinearPlan() and LinearKernels("stock", [model]).linears == []
-    assert LinearKernels("weight-major", [model]).plan() == LinearPlan.everywhere()
-    auto = LinearKernels("auto", [model])
+    assert LinearKernels("stock", model).plan() == LinearPlan() and LinearKernels("stock", model).linears == []
+    assert LinearKernels("weight-major", model).plan() == LinearPlan.everywhere()
+    auto = LinearKernels("auto", model, drafter)
+    assert len(auto.linears) == 3  # the drafter's linears follow the target's plan
     assert auto.plan().describe() == "weight-major at 1 rows" and auto.plan().active
-    assert len(probes) == 1  # probed once per thread count
+    assert probes == [2]  # probed once, on the target's linears
+    assert LinearKernels("auto", model).plan().active and probes == [2]  # shared by decoders on this target
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(threads + 1)
         auto.plan()
     finally:
         torch.set_num_threads(threads)
-    assert len(probes) == 2
+    assert probes == [2, 2]  # another thread count: probed again
     with pytest.raises(ValueError, match="unknown linear kernel 'fast'"):
-        LinearKernels("fast", [model])
+        LinearKernels("fast", model)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])

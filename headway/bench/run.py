@@ -107,7 +107,7 @@ def baselines(target: nn.Module, tokenizer: Any, assistant: nn.Module | None, cf
     if "hf-weight-major" in cfg.baselines:  # the decoder's kernel choice (auto unless forced), without drafts
         kernel = cfg.linear_kernel if cfg.linear_kernel != "stock" else "auto"
         out.append(HFMethod("hf-weight-major", "hf_weight_major", target, stops, pad,
-                            kernels=LinearKernels(kernel, [target])))
+                            kernels=LinearKernels(kernel, target)))
     return out
 
 

@@ -98,7 +98,7 @@ class Speculator:
         self._verify_forward = compile_verify(target) if compile else target
         if compile:
             compile_heads(self.heads)
-        self.kernels = LinearKernels(linear_kernel, [target, self.heads])
+        self.kernels = LinearKernels(linear_kernel, target, self.heads)
         self.max_depth = max_depth
         self.typical = typical
         self.sampled_drafts = sampled_drafts
