@@ -93,8 +93,9 @@ def forward_cost(spec: Speculator, sizes: list[int], prefix_len: int = 128, repe
             spec.target(input_ids=ids, cache=cache, use_cache=True)
             tok = torch.randint(3, spec.target.config.vocab_size, (1, n), device=dev)
             t = time.perf_counter()
-            spec.target(input_ids=tok, cache=cache, use_cache=True, attention_mask=mask,
-                        position_ids=(torch.arange(n, device=dev) + prefix_len)[None])
+            with spec.kernels():  # the linear kernel the decoder's verify forward runs with
+                spec.target(input_ids=tok, cache=cache, use_cache=True, attention_mask=mask,
+                            position_ids=(torch.arange(n, device=dev) + prefix_len)[None])
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             times.append(time.perf_counter() - t)
@@ -109,7 +110,8 @@ def draft_cost(spec: Speculator, shape: TreeShape, prompt: Any, repeats: int = 5
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        build_tree(shape, state.proposer, torch.tensor(state.emitted[-1], device=spec.device))
+        with spec.kernels():
+            build_tree(shape, state.proposer, torch.tensor(state.emitted[-1], device=spec.device))
         state.proposer.end_tree()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
@@ -253,7 +255,8 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
               "predicted_tokens_per_s": {k: v for k, (_, v) in candidates.items()},
               "side_by_side": {str(t): r for t, r in results.items()}, "mean_tokens_per_s": score,
               "best_chain": best_chain, "calibrated": bool(spec.new_proposer().temperatures),
-              "device": str(spec.device), "torch_threads": torch.get_num_threads()}
+              "device": str(spec.device), "torch_threads": torch.get_num_threads(),
+              "linear_kernel": spec.kernels.plan().describe()}
     if calibration is not None:
         report["calibration"] = calibration
     if cfg.write:
