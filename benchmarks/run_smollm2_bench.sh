@@ -7,7 +7,9 @@
 #   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)
 #   -> features (configs/features-smollm2.yaml, ~15 min) -> train each kind offline
 #   -> tune (tree choice on training-style prompts) -> bench on held-out prompts of other task
-#      families (chat:heldout), T=0 and T=1, at 1 and 2 threads.
+#      families (chat:heldout), T=0 and T=1, at 1 and 2 threads. HF generate and prompt lookup also run
+#      with the decoder's linear kernel (hf-weight-major, hf-prompt-lookup-weight-major), so the table
+#      separates what the kernel gains from what the drafts gain.
 # Results: OUT (default benchmarks/results)/smollm2-bench-t{1,2}.{txt,json,png}.
 # SKIP_TRAIN=1 benches whatever heads exist; BENCH_ARGS adds `headway bench` options; DISTILL_ARGS adds
 # `headway distill` options (e.g. "--engine vllm --vllm-python /path/to/vllm-venv/bin/python", ~1.4x
@@ -49,7 +51,7 @@ for threads in $THREADS; do
     # no HF assisted baseline: no smaller model with SmolLM2's tokenizer can be had offline
     # shellcheck disable=SC2086
     hw bench --target smollm2 --heads "${HEADS[@]}" --prompts chat:heldout --num_prompts "$NUM" \
-        --max_new_tokens "$TOKENS" --temperature 0 1 --repeats "$REPEATS" --threads "$threads" --baselines hf-prompt-lookup hf-weight-major \
+        --max_new_tokens "$TOKENS" --temperature 0 1 --repeats "$REPEATS" --threads "$threads" --baselines hf-prompt-lookup hf-weight-major hf-prompt-lookup-weight-major \
         --json "$OUT/smollm2-bench-t$threads.json" --plot "$OUT/smollm2-bench-t$threads.png" ${BENCH_ARGS:-} \
         | tee "$OUT/smollm2-bench-t$threads.txt"
 done

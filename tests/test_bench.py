@@ -341,12 +341,14 @@ def test_batch_size_is_checked(kw, message):
 def test_weight_major_baseline_and_the_kernel_plan_are_reported(folders):
     """``--baselines hf-weight-major``: HF generate with the decoder's linear kernel (forced here), exact
     like the headway rows; the report names the plan each method decoded with."""
-    rep = bench(config(folders, heads=[str(folders / "medusa")], temperature=[0.0], baselines=["hf-weight-major"],
-                       assistant=None, repeats=1, warmup=0, linear_kernel="weight-major"))
+    rep = bench(config(folders, heads=[str(folders / "medusa")], temperature=[0.0], assistant=None,
+                       baselines=["hf-weight-major", "hf-prompt-lookup-weight-major"], repeats=1, warmup=0,
+                       linear_kernel="weight-major"))
     kinds = [m["kind"] for m in rep["methods"]]
-    assert kinds == ["hf_generate", "hf_weight_major", "medusa"]
+    assert kinds == ["hf_generate", "hf_weight_major", "hf_prompt_lookup", "medusa"]
     assert all(m["exact_match"] == 1.0 for m in rep["methods"])
-    plans = rep["settings"]["linear_kernels"]
-    assert plans == {"hf-weight-major": "weight-major at 1, 2, 3-4, 5-8, 9-16 rows",
-                     "medusa[chain-3]": "weight-major at 1, 2, 3-4, 5-8, 9-16 rows"}
+    assert rep["methods"][1]["tau"] == 1.0 and rep["methods"][2]["tau"] > 1.0  # plain decoding; drafts
+    everywhere = "weight-major at 1, 2, 3-4, 5-8, 9-16 rows"
+    assert rep["settings"]["linear_kernels"] == {"hf-weight-major": everywhere, "medusa[chain-3]": everywhere,
+                                                 "hf-prompt-lookup-weight-major": everywhere}
     assert "linear kernel: weight-major at 1" in render_table(rep).caption

@@ -49,7 +49,7 @@ class TuneConfig(DecodeTargetArgs):
             check_decode_args(self.max_new_tokens, t)
 
 
-OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup", "hf-weight-major")
+OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup", "hf-weight-major", "hf-prompt-lookup-weight-major")
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -76,10 +76,11 @@ class BenchConfig(DecodeTargetArgs):
                                      "user message); chat: always; raw: plain prompts as they are",
                              choices=PROMPT_FORMATS)
     baselines: list[str] = opt(help="HF baselines besides hf-generate (always run: the reference and speedup "
-                                    "1.0): hf-assisted hf-prompt-lookup hf-weight-major, or none; leave out "
+                                    "1.0): hf-assisted hf-prompt-lookup hf-weight-major hf-prompt-lookup-weight-major, or none; leave out "
                                     "hf-assisted to bench a non-demo target without an assistant model; "
-                                    "hf-weight-major is HF generate with the decoder's --linear-kernel choice "
-                                    "(what the kernel gains without drafting)",
+                                    "hf-weight-major / hf-prompt-lookup-weight-major: HF generate / prompt lookup "
+                                    "with the decoder's --linear-kernel choice (what the kernel gains apart from "
+                                    "the drafts)",
                                default_factory=lambda: ["hf-assisted", "hf-prompt-lookup"])
     assistant: str | None = opt(None, "draft model for HF assisted generation (same tokenizer as the target), or "
                                       "none to skip that baseline; default for the demo target: the same recipe "

@@ -104,10 +104,14 @@ def baselines(target: nn.Module, tokenizer: Any, assistant: nn.Module | None, cf
     if "hf-prompt-lookup" in cfg.baselines:
         out.append(HFMethod("hf-prompt-lookup", "hf_prompt_lookup", target, stops, pad, cfg.prompt_lookup_tokens,
                             prompt_lookup_num_tokens=cfg.prompt_lookup_tokens))
-    if "hf-weight-major" in cfg.baselines:  # the decoder's kernel choice (auto unless forced), without drafts
-        kernel = cfg.linear_kernel if cfg.linear_kernel != "stock" else "auto"
+    kernel = cfg.linear_kernel if cfg.linear_kernel != "stock" else "auto"  # the decoder's choice
+    if "hf-weight-major" in cfg.baselines:
         out.append(HFMethod("hf-weight-major", "hf_weight_major", target, stops, pad,
                             kernels=LinearKernels(kernel, target)))
+    if "hf-prompt-lookup-weight-major" in cfg.baselines:
+        out.append(HFMethod("hf-prompt-lookup-weight-major", "hf_prompt_lookup", target, stops, pad,
+                            cfg.prompt_lookup_tokens, kernels=LinearKernels(kernel, target),
+                            prompt_lookup_num_tokens=cfg.prompt_lookup_tokens))
     return out
 
 
