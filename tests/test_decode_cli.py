@@ -26,7 +26,7 @@ def test_generate_cli_prints_text_and_stats(capsys, llama_dir, heads_dir):
     assert rc == 0
     out = capsys.readouterr()
     assert out.out.rstrip("\n") == tok.decode(ref)
-    assert "tau" in out.err and "tok/s" in out.err and "Eagle3Drafter" in out.err
+    assert "tau" in out.err and "tok/s" in out.err and "Eagle3Drafter" in out.err and "linear kernel: " in out.err
 
 
 def test_generate_cli_stream(capsys, llama_dir, heads_dir):

@@ -125,3 +125,20 @@ def test_batched_decoding_runs_weight_major(monkeypatch):
     ps = prompts(tok, n=3)
     out = spec.generate_batch(ps, max_new_tokens=8)
     assert seen and [r.ids for r in out.rows] == [reference(model, p, 8) for p in ps]
+
+
+def test_distill_hf_engine_writes_the_same_rows_weight_major(llama_dir, tmp_path, monkeypatch):
+    """``distill --linear-kernel`` is a speed knob: forced weight-major, the batch's decode steps run
+    through it and the dataset equals the stock one; it is not a setting a resume compares."""
+    from test_data_distill import PROMPTS, cfg_for, write_jsonl
+
+    from headway.data.distill import distill, load_distilled
+
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
+    stock = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "stock", linear_kernel="stock")))
+    seen = []
+    real = kernels.weight_major_linear
+    monkeypatch.setattr(kernels, "weight_major_linear", lambda x, w, b=None: seen.append(1) or real(x, w, b))
+    wm = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "wm", linear_kernel="weight-major")))
+    assert seen and wm["input_ids"] == stock["input_ids"] and wm["loss_mask"] == stock["loss_mask"]
+    assert "linear_kernel" not in (tmp_path / "wm" / "headway_distill.json").read_text()

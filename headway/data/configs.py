@@ -54,6 +54,10 @@ class DistillConfig(TargetArgs):
                       choices=ENGINES)
     vllm_python: str | None = opt(None, "--engine vllm: the Python of a vLLM environment (default: "
                                         "$HEADWAY_VLLM_PYTHON)")
+    linear_kernel: str = opt("auto", "--engine hf on CPU: kernel of the batch's few-row linears (auto = the faster "
+                                     "of F.linear and W @ x.T, measured on the target's weights; stock = F.linear); "
+                                     "a speed knob, not a setting: the rows are the same up to float near-ties",
+                             choices=("auto", "stock", "weight-major"))
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):

@@ -249,7 +249,10 @@ def answer_engine(cfg: DistillConfig, model: Any, target_path: str, plans: dict[
     if cfg.engine == "hf" or not needed:
         import transformers
 
-        yield hf_generate(model, cfg.sampling(), stop_ids, pad_id), f"transformers {transformers.__version__}"
+        from ..kernels import LinearKernels
+
+        kernels = LinearKernels(cfg.linear_kernel, model)
+        yield hf_generate(model, cfg.sampling(), stop_ids, pad_id, kernels), f"transformers {transformers.__version__}"
         return
     from ..target import resolve_folder
     from .vllm_engine import vllm_engine

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
+from ..kernels import LinearKernels
 from .errors import DataError
 
 
@@ -95,10 +97,13 @@ def cut_at_stop(tokens: Sequence[int], stop_ids: Sequence[int]) -> Answer:
 Generate = Callable[[list[list[int]], int, list[int]], list[Answer]]
 
 
-def hf_generate(model: nn.Module, settings: SamplingSettings, stop_ids: Sequence[int], pad_id: int) -> Generate:
-    """``generate_batch`` with this model and these settings, as a ``Generate``."""
+def hf_generate(model: nn.Module, settings: SamplingSettings, stop_ids: Sequence[int], pad_id: int,
+                kernels: LinearKernels | None = None) -> Generate:
+    """``generate_batch`` with this model and these settings, as a ``Generate``; with ``kernels``,
+    the decode steps' few-row linears use that choice (``headway.kernels``)."""
     def generate(prompts: list[list[int]], seed: int, seeds: list[int]) -> list[Answer]:
-        return generate_batch(model, prompts, settings, stop_ids, pad_id, seed=seed)
+        with kernels() if kernels is not None else contextlib.nullcontext():
+            return generate_batch(model, prompts, settings, stop_ids, pad_id, seed=seed)
 
     return generate
 

@@ -123,8 +123,8 @@ def generate_cli(cfg: GenerateConfig) -> int:
         stats = out.stats
         print(out.text)
     tree = spec.tree_for(cfg.temperature)
-    print(f"[{type(spec.heads).__name__} tree={getattr(tree, 'name', tree)}] {stats.summary()}",
-          file=sys.stderr)
+    print(f"[{type(spec.heads).__name__} tree={getattr(tree, 'name', tree)}] {stats.summary()}; "
+          f"linear kernel: {spec.kernels.plan().describe()}", file=sys.stderr)
     return 0
 
 

