@@ -22,7 +22,7 @@ import time
 import types
 import weakref
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
