@@ -5,6 +5,7 @@ import torch
 from headway.cli import main
 from headway.decode import Speculator
 from headway.decode.shapes import StaticShape, chain
+from headway.bench.methods import tree_spec
 from headway.bench.tune import TuneConfig, expected_accepted, interpolate, shape_spec, tune
 from headway.decode.shapes import parse_shape
 from headway.heads import Eagle1Drafter, MedusaHeads
@@ -22,6 +23,9 @@ def test_shape_spec_round_trip():
     for shape in (chain(3), StaticShape([(0,), (1,), (0, 2)])):
         assert parse_shape(shape_spec(shape)).paths == shape.paths
     assert shape_spec(parse_shape("dynamic-4-5-16")) == "dynamic-4-5-16"
+    # a chain is stored by name, and one written out as a static path is named a chain in reports
+    assert shape_spec(chain(2)) == shape_spec(parse_shape("static:[[0,0]]")) == "chain-2"
+    assert tree_spec(parse_shape("static:[[0]]")) == "chain-1" and tree_spec(parse_shape("static:[[1]]")) == "static"
 
 
 def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, capsys):

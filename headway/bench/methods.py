@@ -28,7 +28,7 @@ from transformers import Cache
 from ..heads.layers import DraftCache
 from ..kernels import LinearKernels
 from ..heads.metadata import calibration_temperatures
-from ..decode.shapes import DynamicShape, TreeShape
+from ..decode.shapes import DynamicShape, TreeShape, is_top1_chain
 from ..decode.speculator import GenerationStats, Speculator
 
 
@@ -265,7 +265,7 @@ def tree_spec(shape: TreeShape) -> str:
     """A shape as the string ``parse_shape`` reads back (dynamic shapes spell out their numbers)."""
     if isinstance(shape, DynamicShape):
         return f"dynamic-{shape.top_k}-{shape.depth}-{shape.total_tokens}"
-    return shape.name
+    return f"chain-{shape.depth}" if is_top1_chain(shape) else shape.name  # a chain stored as static:[[0]]
 
 
 class HeadwayMethod:

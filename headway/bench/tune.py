@@ -26,7 +26,8 @@ import torch
 from ..progress import Progress
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
 from ..decode.sampling import SamplingParams
-from ..decode.shapes import DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, mc_sim_7b_63
+from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, is_top1_chain,
+                             mc_sim_7b_63)
 from ..decode.speculator import Speculator
 from ..decode.tree import additive_mask
 
@@ -35,6 +36,8 @@ def shape_spec(shape: TreeShape) -> str:
     """The string ``parse_shape`` reads back."""
     if isinstance(shape, DynamicShape):
         return f"dynamic-{shape.top_k}-{shape.depth}-{shape.total_tokens}"
+    if is_top1_chain(shape):
+        return f"chain-{shape.depth}"
     return "static:" + json.dumps([list(p) for p in shape.paths], separators=(",", ":"))
 
 

@@ -174,6 +174,11 @@ def is_chain(shape: "TreeShape") -> bool:
     return isinstance(shape, StaticShape) and shape.size == shape.depth + 1
 
 
+def is_top1_chain(shape: "TreeShape") -> bool:
+    """``chain-N``: a single path of rank-0 drafts, however it was written (``static:[[0,0]]``)."""
+    return is_chain(shape) and all(r == 0 for p in shape.paths for r in p)  # type: ignore[union-attr]
+
+
 def chain(depth: int) -> StaticShape:
     """A single path of top-1 drafts, ``1 <= depth <= MAX_TREE_DEPTH``."""
     if depth < 1:
