@@ -76,8 +76,9 @@ class BenchConfig(DecodeTargetArgs):
                                      "user message); chat: always; raw: plain prompts as they are",
                              choices=PROMPT_FORMATS)
     baselines: list[str] = opt(help="HF baselines besides hf-generate (always run: the reference and speedup "
-                                    "1.0): hf-assisted hf-prompt-lookup hf-weight-major hf-prompt-lookup-weight-major, or none; leave out "
-                                    "hf-assisted to bench a non-demo target without an assistant model; "
+                                    "1.0): hf-assisted hf-prompt-lookup hf-weight-major "
+                                    "hf-prompt-lookup-weight-major, or none; leave out hf-assisted to bench a "
+                                    "non-demo target without an assistant model; "
                                     "hf-weight-major / hf-prompt-lookup-weight-major: HF generate / prompt lookup "
                                     "with the decoder's --linear-kernel choice (what the kernel gains apart from "
                                     "the drafts)",

@@ -85,7 +85,8 @@ class Speculator:
         ``linear_kernel`` (``headway.kernels``): how the few-row linears of decoding multiply on CPU;
         ``auto`` measures ``F.linear`` against the weight-major product on the models' own weights
         (once per thread count, on first use) and keeps the faster per row count; ``stock`` is
-        ``F.linear`` everywhere. Only the target's and the heads' forwards inside a generation see it."""
+        ``F.linear`` everywhere (and with ``compile``). Only the target's and the heads' forwards
+        inside a generation see it."""
         from ..kernels import LinearKernels
         from .runtime import compile_heads, compile_verify, heads_dtype_for
 
@@ -98,7 +99,8 @@ class Speculator:
         self._verify_forward = compile_verify(target) if compile else target
         if compile:
             compile_heads(self.heads)
-        self.kernels = LinearKernels(linear_kernel, target, self.heads)
+        # a compiled forward chooses its own kernels, and swapping module forwards would break its guards
+        self.kernels = LinearKernels("stock" if compile else linear_kernel, target, self.heads)
         self.max_depth = max_depth
         self.typical = typical
         self.sampled_drafts = sampled_drafts
