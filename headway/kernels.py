@@ -22,13 +22,13 @@ import time
 import types
 import weakref
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-KERNELS = ("auto", "stock", "weight-major")
+from .target import LINEAR_KERNELS as KERNELS  # the config choices (target.py stays light for --help)
 # row buckets: a linear over n rows uses the choice of the first bucket bound >= n; past the last
 # bound (prefill, wide trees) it stays stock: measured here, the two kernels draw level at 32+ rows
 BUCKETS = (1, 2, 4, 8, 16)
@@ -92,20 +92,29 @@ def _forward(plan: LinearPlan):  # noqa: ANN202 - a bound forward for nn.Linear
     return forward
 
 
-@contextlib.contextmanager
-def weight_major(linears: Sequence[nn.Linear], plan: LinearPlan) -> Iterator[None]:
-    """Within the block, these linears run weight-major at the plan's row counts; restored after."""
-    if not plan.active or not linears:
-        yield
-        return
+def bound_forwards(linears: Sequence[nn.Linear], plan: LinearPlan) -> list[tuple[nn.Linear, Callable[..., Any]]]:
+    """Each linear with the forward that follows ``plan`` (none when the plan is all stock)."""
+    if not plan.active:
+        return []
     fn = _forward(plan)
-    for m in linears:
-        m.forward = types.MethodType(fn, m)  # type: ignore[method-assign]
+    return [(m, types.MethodType(fn, m)) for m in linears]
+
+
+@contextlib.contextmanager
+def swapped(forwards: Sequence[tuple[nn.Linear, Callable[..., Any]]]) -> Iterator[None]:
+    """Within the block each module runs its given forward; restored after, after an error too."""
+    for m, fn in forwards:  # straight into __dict__: nn.Module.__setattr__ costs ~4 us a module, per step
+        m.__dict__["forward"] = fn
     try:
         yield
     finally:
-        for m in linears:
+        for m, _ in forwards:
             m.__dict__.pop("forward", None)
+
+
+def weight_major(linears: Sequence[nn.Linear], plan: LinearPlan) -> contextlib.AbstractContextManager[None]:
+    """Within the block, these linears run weight-major at the plan's row counts; restored after."""
+    return swapped(bound_forwards(linears, plan))
 
 
 def _time(linears: Sequence[nn.Linear], rows: int, kernel: str) -> float:
@@ -158,6 +167,7 @@ class LinearKernels:
         self.kernel = kernel
         self.target = target
         self.linears = plain_linears(target, *drafters) if kernel != "stock" else []
+        self._forwards: dict[LinearPlan, list[tuple[nn.Linear, Callable[..., Any]]]] = {}  # built once a plan
 
     def plan(self) -> LinearPlan:
         if self.kernel == "stock" or not self.linears:
@@ -171,5 +181,8 @@ class LinearKernels:
         return plans[threads]
 
     def __call__(self) -> contextlib.AbstractContextManager[None]:
-        """``with kernels():`` runs the block with this plan."""
-        return weight_major(self.linears, self.plan())
+        """``with kernels():`` runs the block with this plan (entered once per decoder step)."""
+        plan = self.plan()
+        if plan not in self._forwards:
+            self._forwards[plan] = bound_forwards(self.linears, plan)
+        return swapped(self._forwards[plan])

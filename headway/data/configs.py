@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..config import opt
-from ..target import TargetArgs
+from ..target import LINEAR_KERNELS, TargetArgs
 from .errors import DataError
 from .plans import OVERLONG, PROMPT_FORMATS
 
@@ -57,7 +57,7 @@ class DistillConfig(TargetArgs):
     linear_kernel: str = opt("auto", "--engine hf on CPU: kernel of the batch's few-row linears (auto = the faster "
                                      "of F.linear and W @ x.T, measured on the target's weights; stock = F.linear); "
                                      "a speed knob, not a setting: the rows are the same up to float near-ties",
-                             choices=("auto", "stock", "weight-major"))
+                             choices=LINEAR_KERNELS)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
