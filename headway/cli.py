@@ -38,6 +38,8 @@ COMMANDS: dict[str, Command] = {
                         "headway.data.encode:TokenizeConfig", "headway.data.encode:tokenize_cli"),
     "features": Command("Store the target's hidden states over a distilled dataset (EAGLE offline mode).",
                         "headway.data.configs:FeaturesConfig", "headway.data.features:features_cli"),
+    "merge": Command("Merge distilled datasets, or features folders, into one (more data without redoing any).",
+                     "headway.data.merge:MergeConfig", "headway.data.merge:merge_cli"),
     "import": Command("Import a reference checkpoint or any headway export (Medusa, EAGLE-1/EAGLE-3) as native heads.",
                       "headway.heads.configs:ImportConfig", "headway.heads.importers:import_cli"),
     "export": Command("Export heads for an engine: vLLM (Medusa, EAGLE-1/3), SGLang (EAGLE-1/3), TensorRT-LLM "

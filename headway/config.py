@@ -247,7 +247,12 @@ def parse_args(cls: type, argv: Sequence[str]) -> tuple[str | None, dict[str, An
                               + ", ".join("--" + flag_name(k) for k in valid_keys(cls)))
         if not positional:
             raise ConfigError(f"unexpected argument '{a}'. Options look like --key value or key=value")
-        out[positional.pop(0)], i = a, i + 1
+        name = positional[0]
+        if _is_list(_field_type(cls, name)):  # a positional list takes every remaining positional argument
+            out.setdefault(name, []).append(a)
+        else:
+            out[positional.pop(0)] = a
+        i += 1
     return config_path, out
 
 
