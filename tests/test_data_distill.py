@@ -152,6 +152,23 @@ def test_changed_prompts_refuse_to_resume(llama_dir, tmp_path):
         distill(cfg_for(llama_dir, src, tmp_path / "out"))
 
 
+def test_a_later_slice_merged_equals_one_run(llama_dir, tmp_path):
+    """More data later: distil the prompts after the first N (skip), merge, and get the rows one
+    run over all prompts gives; skip is a resume setting (a folder of skip=0 is refused)."""
+    from headway.data.merge import merge
+
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
+    one = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "one"))).to_list()
+    first = distill(cfg_for(llama_dir, src, tmp_path / "a", limit=6))
+    with pytest.raises(ResumeMismatchError, match="skip=0.*skip=6"):
+        distill(cfg_for(llama_dir, src, tmp_path / "a", limit=6, skip=6))
+    later = distill(cfg_for(llama_dir, src, tmp_path / "b", skip=6))
+    assert json.loads((later / "headway_distill.json").read_text())["settings"]["skip"] == 6
+    both = load_distilled(merge([first, later], tmp_path / "ab")).to_list()
+    keys = ("id", "input_ids", "loss_mask")
+    assert [{k: r[k] for k in keys} for r in both] == [{k: r[k] for k in keys} for r in one]
+
+
 def test_overlong_prompts_are_dropped_or_truncated_and_counted(llama_dir, tmp_path):
     long = "value = compute(" + "x, " * 100 + ")"
     src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": PROMPTS[0]}, {"prompt": long}, {"prompt": PROMPTS[1]}])

@@ -76,6 +76,20 @@ def test_limit(tmp_path):
     assert len(read_samples(str(p), limit=4).samples) == 4
 
 
+def test_skip_takes_the_prompts_after_the_first_n(tmp_path):
+    p = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"p{i}"} for i in range(10)])
+    got = read_samples(str(p), skip=4, limit=3).samples
+    assert [s.prompt for s in got] == ["p4", "p5", "p6"] and [s.id for s in got] == [s.id for s in
+                                                                                     read_samples(str(p)).samples[4:7]]
+    assert [s.prompt for s in read_samples(str(p), skip=8).samples] == ["p8", "p9"]
+    first, rest = read_samples("chat:train", limit=5).samples, read_samples("chat:train", skip=5, limit=3).samples
+    assert read_samples("chat:train", limit=8).samples == first + rest
+    with pytest.raises(DataError, match="10 usable prompts; skip=10 leaves none"):
+        read_samples(str(p), skip=10)
+    with pytest.raises(DataError, match="skip must be >= 0"):
+        read_samples(str(p), skip=-1)
+
+
 def test_hub_name_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -36,6 +36,7 @@ class DistillConfig(TargetArgs):
     stop_tokens: list[str] = opt(default_factory=list, help="extra tokens that end an answer (e.g. <|im_end|>)")
     split: str = opt("train", "split of a datasets folder / Hub dataset")
     limit: int | None = opt(None, "use only the first N prompts (demo sources: the number of prompts, default 256)")
+    skip: int = opt(0, "leave out the first N prompts (those an earlier run distilled; limit counts after them)")
     prompt_tokens: int = opt(64, "demo sources: prompt length in tokens")
     max_prompt_tokens: int = opt(1024, "prompts longer than this (in tokens) are dropped or truncated")
     overlong: str = opt("drop", "what to do with a too-long prompt", choices=OVERLONG)

@@ -195,7 +195,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
         model, tokenizer = load_target(target_path, cfg.dtype, procs.device, cfg.adapter, cfg.revision)
     template = load_chat_template(tokenizer, cfg.chat_template)
     src = read_samples(cfg.source, split=cfg.split, limit=cfg.limit, skip_bad_rows=cfg.skip_bad_rows,
-                       tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens, seed=cfg.seed)
+                       tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens, seed=cfg.seed, skip=cfg.skip)
     if not src.samples:
         raise DataError(f"no usable prompts in {cfg.source}" + (f" ({len(src.bad)} bad rows)" if src.bad else ""))
     check_chat_inputs(src, template, cfg)
@@ -339,11 +339,11 @@ def check_chat_inputs(src: SourceResult, template: str | None, cfg: DistillConfi
 
 
 # the options that decide the rows (with the prompts and the chat template): a resume must match them all
-SETTING_KEYS = ("target", "revision", "adapter", "dtype", "source", "split", "limit", "prompt_tokens", "prompt_format",
-                "stop_tokens", "max_prompt_tokens", "overlong", "max_new_tokens", "temperature", "top_p", "top_k",
-                "seed", "shard_size", "skip_bad_rows", "engine")
+SETTING_KEYS = ("target", "revision", "adapter", "dtype", "source", "split", "skip", "limit", "prompt_tokens",
+                "prompt_format", "stop_tokens", "max_prompt_tokens", "overlong", "max_new_tokens", "temperature",
+                "top_p", "top_k", "seed", "shard_size", "skip_bad_rows", "engine")
 # settings a folder written before they were recorded holds, with the value they had then
-SETTING_DEFAULTS = {"engine": "hf"}
+SETTING_DEFAULTS = {"engine": "hf", "skip": 0}
 
 
 def distill_settings(cfg: DistillConfig, template: str | None, src: SourceResult) -> dict[str, Any]:

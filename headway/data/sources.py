@@ -41,10 +41,21 @@ class SourceResult:
 
 
 def read_samples(source: str, *, split: str = "train", limit: int | None = None, skip_bad_rows: bool = False,
-                 tokenizer: Any = None, prompt_tokens: int = 64, seed: int = 0) -> SourceResult:
+                 tokenizer: Any = None, prompt_tokens: int = 64, seed: int = 0, skip: int = 0) -> SourceResult:
     """Read and normalise every row of ``source`` (see the module docstring for the forms).
 
-    ``seed`` only affects ``demo:`` sources; ``chat:`` prompts are fixed and ``limit`` takes a prefix."""
+    ``seed`` only affects ``demo:`` sources; ``chat:`` prompts are fixed and ``limit`` takes a prefix.
+    ``skip`` drops the first N usable prompts before ``limit`` applies, so a second run can take the
+    prompts after those a first one used (their ids stay those of the source)."""
+    if skip < 0:
+        raise DataError(f"skip must be >= 0, got {skip}")
+    if skip:
+        more = read_samples(source, split=split, limit=None if limit is None else skip + limit,
+                            skip_bad_rows=skip_bad_rows, tokenizer=tokenizer, prompt_tokens=prompt_tokens, seed=seed)
+        if len(more.samples) <= skip:
+            raise DataError(f"{source} has {len(more.samples)} usable prompts; skip={skip} leaves none")
+        more.samples = more.samples[skip:]
+        return more
     if source in CHAT_SPLITS:
         return SourceResult(chat_samples(CHAT_SPLITS[source], limit), name=source)
     if source.startswith("chat:"):
