@@ -143,10 +143,33 @@ def _run(argv: list[str]) -> int:
         print(f"headway {name}: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     finally:
-        if "torch.distributed" in sys.modules:  # multi-process runs (accelerate launch): exit cleanly
+        if "torch.distributed" in sys.modules and not _EXITING_HARD:  # multi-process runs: exit cleanly
             from .data.runtime import release_process_group
 
             release_process_group()
+
+
+_EXITING_HARD = False  # set by ``entry`` in a rank of a multi-process run
+
+
+def entry() -> None:
+    """The ``headway`` console script and ``python -m headway``: ``main``, then leave the process.
+
+    A rank of a multi-process run (``accelerate launch``) leaves with ``os._exit`` once its files
+    are written: its torch.distributed (Gloo) group and threads are never torn down. Tearing them
+    down, at interpreter exit or explicitly, now and then hung a 2-process CPU run after it had
+    saved its heads and printed "done"; a rank that has finished has nothing left to clean up."""
+    global _EXITING_HARD
+    _EXITING_HARD = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    code = main()
+    if _EXITING_HARD:
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 LIBRARY_BARS = ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS")  # transformers follows the hub's

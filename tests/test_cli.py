@@ -2,6 +2,7 @@
 that closes the pipe early, and option spellings (dashes and underscores are the same)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,6 +28,22 @@ def test_version_prints_the_package_version_without_torch(flag):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [f"headway {headway.__version__}", "[]"]
+
+
+@pytest.mark.parametrize("world", ["1", "2"])
+def test_a_rank_of_a_multi_process_run_skips_interpreter_teardown(world, tmp_path):
+    """Under accelerate launch (WORLD_SIZE > 1) a finished rank leaves with os._exit: main's exit
+    code and its flushed output, but no teardown (atexit handlers, the Gloo group's destructors)."""
+    code = ("import atexit, sys; atexit.register(lambda: print('teardown')); sys.argv[1:] = %r; "
+            "from headway.cli import entry; entry()")
+    env = {**os.environ, "WORLD_SIZE": world}
+    ok = subprocess.run([sys.executable, "-c", code % ["--version"]], capture_output=True, text=True, timeout=120,
+                        env=env)
+    teardown = ["teardown"] if world == "1" else []
+    assert ok.returncode == 0 and ok.stdout.splitlines() == [f"headway {headway.__version__}", *teardown]
+    bad = subprocess.run([sys.executable, "-c", code % ["merge", str(tmp_path / "a"), str(tmp_path / "b")]],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert bad.returncode == 2 and "merge input not found" in bad.stderr and bad.stdout.splitlines() == teardown
 
 
 def test_version_matches_the_installed_metadata():
