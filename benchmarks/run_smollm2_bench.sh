@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # The real-target numbers in the README: SmolLM2-135M-Instruct end to end on 2 CPU cores.
 #
-#   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa
+#   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa; eagle3-3k: all of chat:train
 #
 # Every step is cached or resumable, so rerunning after an interruption continues where it stopped:
 #   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)
 #   -> features (configs/features-smollm2.yaml, ~15 min) -> train each kind offline
-#   -> tune (tree choice on training-style prompts) -> bench on held-out prompts of other task
+#   -> (eagle3-3k: distill-smollm2-more.yaml, features-smollm2-more.yaml, merge; ~45 min more)
+#   -> tune (tree choice on chat:dev) -> bench on held-out prompts of other task
 #      families (chat:heldout), T=0 and T=1, at 1 and 2 threads. HF generate and prompt lookup also run
 #      with the decoder's linear kernel (hf-weight-major, hf-prompt-lookup-weight-major), so the table
 #      separates what the kernel gains from what the drafts gain.
 # Results: OUT (default benchmarks/results)/smollm2-bench-t{1,2}.{txt,json,png}.
 # SKIP_TRAIN=1 benches whatever heads exist; BENCH_ARGS adds `headway bench` options; DISTILL_ARGS adds
 # `headway distill` options (e.g. "--engine vllm --vllm-python /path/to/vllm-venv/bin/python", ~1.4x
-# faster here); NUM, TOKENS, REPEATS and THREADS size the bench (defaults 12, 128, 2, "1 2").
+# faster here); NUM, TOKENS, REPEATS and THREADS size the bench (defaults 12, 128, 2, "1 2");
+# TUNE_PROMPTS is tune's prompt source (default chat:dev: prompts no head trained on and no bench times;
+# on chat:train, the drafters' own training prompts, acceptance reads far higher than on new prompts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -25,6 +28,7 @@ NUM=${NUM:-12}
 TOKENS=${TOKENS:-128}
 REPEATS=${REPEATS:-2}
 THREADS=${THREADS:-1 2}
+TUNE_PROMPTS=${TUNE_PROMPTS:-chat:dev}
 hw() { echo "+ headway $*" >&2; "$PY" -m headway "$@"; }
 
 hw target build smollm2
@@ -35,14 +39,21 @@ if [[ -z "${SKIP_TRAIN:-}" ]]; then
     # shellcheck disable=SC2086
     hw distill --config configs/distill-smollm2-heldout.yaml ${DISTILL_ARGS:-}  # evaluation rows, other task families
     hw features --config configs/features-smollm2-heldout.yaml
+    if [[ " ${KINDS[*]} " == *-3k* ]]; then  # the other 1,572 chat:train prompts, merged with the first run's
+        # shellcheck disable=SC2086
+        hw distill --config configs/distill-smollm2-more.yaml ${DISTILL_ARGS:-}
+        hw features --config configs/features-smollm2-more.yaml
+        [[ -f runs/smollm2-features-3k/features.json ]] || \
+            hw merge runs/smollm2-features runs/smollm2-features-more --output runs/smollm2-features-3k
+    fi
 fi
 HEADS=()
 for kind in "${KINDS[@]}"; do
     [[ -z "${SKIP_TRAIN:-}" ]] && hw train --config "configs/smollm2-$kind.yaml"
     final="runs/smollm2-$kind/final"
     [[ -f "$final/config.json" ]] || { echo "no heads at $final" >&2; exit 1; }
-    # the tree is chosen on training-style prompts, never on the held-out ones the bench uses
-    [[ -z "${SKIP_TRAIN:-}" ]] && hw tune --target smollm2 --heads "$final" --prompts chat:train \
+    # the tree is chosen on other prompts than the ones the bench times
+    [[ -z "${SKIP_TRAIN:-}" ]] && hw tune --target smollm2 --heads "$final" --prompts "$TUNE_PROMPTS" \
         --num_prompts 6 --max_new_tokens 64
     HEADS+=("$final")
 done

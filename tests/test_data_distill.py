@@ -162,6 +162,9 @@ def test_a_later_slice_merged_equals_one_run(llama_dir, tmp_path):
     first = distill(cfg_for(llama_dir, src, tmp_path / "a", limit=6))
     with pytest.raises(ResumeMismatchError, match="skip=0.*skip=6"):
         distill(cfg_for(llama_dir, src, tmp_path / "a", limit=6, skip=6))
+    with pytest.raises(ResumeMismatchError, match=r"limit=6, but this run has limit=10.*--skip 6 --limit 4.*"
+                                                  r"headway merge"):  # a finished folder: how to add the rest
+        distill(cfg_for(llama_dir, src, tmp_path / "a", limit=10))
     later = distill(cfg_for(llama_dir, src, tmp_path / "b", skip=6))
     assert json.loads((later / "headway_distill.json").read_text())["settings"]["skip"] == 6
     both = load_distilled(merge([first, later], tmp_path / "ab")).to_list()

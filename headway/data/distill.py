@@ -323,9 +323,16 @@ def check_option_settings(out: Path, cfg: DistillConfig) -> None:
     for key in SETTING_KEYS:
         now = json.loads(json.dumps(getattr(cfg, key)))  # lists and tuples as JSON reads them back
         if key in old and old[key] != now:
+            hint = ""
+            grown = isinstance(old[key], int) and (now is None or now > old[key])
+            if key == "limit" and manifest.get("complete") and grown:  # the rest into a new folder, then merge
+                done = old[key] + int(old.get("skip") or 0)
+                hint = (f"; to add the prompts after these, distil them into a new folder (--skip {done}"
+                        + (f" --limit {now - old[key]}" if now is not None else "") + ") and join the two with "
+                        f"headway merge {out} NEW --output MERGED")
             raise ResumeMismatchError(f"{out} holds {what} made with {key}={json.dumps(old[key])}, but this run has "
                                       f"{key}={json.dumps(now)}; rerun with the same settings, choose a new output "
-                                      "folder, or pass --overwrite")
+                                      "folder, or pass --overwrite" + hint)
 
 
 def check_chat_inputs(src: SourceResult, template: str | None, cfg: DistillConfig) -> None:
