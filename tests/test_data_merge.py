@@ -128,6 +128,13 @@ def test_refusals_name_both_values_and_write_nothing(parts, tmp_path):
     with pytest.raises(DataError, match=r"different keys: \['hidden_states.1', 'final'\] in .* but "
                                         r"\['hidden_states.0', 'final'\]"):
         merge([fa, f0], out)
+    fo = tmp_path / "fother"
+    shutil.copytree(fb, fo)
+    fm = json.loads((fo / "features.json").read_text())
+    fm["target"]["hidden_size"] = 7
+    (fo / "features.json").write_text(json.dumps(fm))
+    with pytest.raises(DataError, match=r"features of different targets: hidden_size \d+ in .* but 7 in"):
+        merge([fa, fo], out)
     assert not out.exists() or not any(p.name != ".lock" for p in out.iterdir())
     merge([a, b], out)
     with pytest.raises(DataError, match="already holds"):

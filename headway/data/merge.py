@@ -49,7 +49,7 @@ def merge_cli(cfg: MergeConfig) -> int:
 
 def merge(inputs: Sequence[str | Path], output: str | Path, overwrite: bool = False) -> Path:
     """Merge ``inputs`` (all datasets or all features folders) into ``output``; returns it."""
-    from .distill import output_lock, prepare_output
+    from .distill import MANIFEST as DATASET_MANIFEST, output_lock, prepare_output
     from .features import MANIFEST as FEATURES_MANIFEST
     from .progress import console
 
@@ -67,33 +67,32 @@ def merge(inputs: Sequence[str | Path], output: str | Path, overwrite: bool = Fa
         listed = ", ".join(f"{p} ({k})" for p, k in kinds.items())
         raise DataError(f"merge takes datasets or features folders, not a mix: {listed}")
     features = kinds[paths[0]] == "features"
-    # every check reads only manifests, so a refused merge writes nothing
-    plan = check_features(paths) if features else check_datasets(paths)
+    plan = check_features(paths) if features else check_datasets(paths)  # manifests only: a refusal writes nothing
+    manifest = FEATURES_MANIFEST if features else DATASET_MANIFEST
     with contextlib.ExitStack() as hold:
         hold.enter_context(output_lock(out))
-        prepare_output(out, overwrite, FEATURES_MANIFEST if features else DATASET_MANIFEST)
-        if (out / (FEATURES_MANIFEST if features else DATASET_MANIFEST)).is_file():
+        prepare_output(out, overwrite, manifest)
+        if (out / manifest).is_file():
             raise DataError(f"{out} already holds a merge or another run; choose a new output folder or pass "
                             "--overwrite")
-        summary = write_features(plan, out) if features else write_dataset(plan, out)
+        summary = write_features(*plan, out) if features else write_dataset(plan, out)
     console().print(summary)
     return out
 
 
 # ---------------------------------------------------------------- datasets
 
-DATASET_MANIFEST = "headway_distill.json"
-TOKENIZE_MANIFEST = "headway_tokenize.json"
-
-
 def dataset_manifest(path: Path) -> dict[str, Any]:
     """A finished dataset's manifest, normalised: target name, revision, target_info (or None), rows."""
-    for name in (DATASET_MANIFEST, TOKENIZE_MANIFEST):
+    from .distill import MANIFEST as DISTILL_MANIFEST
+    from .encode import MANIFEST as TOKENIZE_MANIFEST
+
+    for name in (DISTILL_MANIFEST, TOKENIZE_MANIFEST):
         if (path / name).is_file():
             m = read_json(path / name)
             break
     else:
-        raise DataError(f"{path} is not a headway dataset or features folder (no {DATASET_MANIFEST}, "
+        raise DataError(f"{path} is not a headway dataset or features folder (no {DISTILL_MANIFEST}, "
                         f"{TOKENIZE_MANIFEST} or features.json)")
     if not m.get("complete"):
         raise DataError(f"{path} is an unfinished run; rerun the same command to complete it, then merge")
@@ -105,14 +104,18 @@ def dataset_manifest(path: Path) -> dict[str, Any]:
             "settings": settings or {k: m.get(k) for k in ("source", "target", "revision")}}
 
 
+def info_mismatch(ia: dict[str, Any], ib: dict[str, Any], a: str, b: str) -> str | None:
+    """None when two targets' recorded fields (``TargetInfo``) agree, else what differs, both values."""
+    for key in TARGET_KEYS:
+        if ia.get(key) != ib.get(key):
+            return f"{key} {ia.get(key)} in {a} but {ib.get(key)} in {b}"
+    return None
+
+
 def same_target(a: dict[str, Any], b: dict[str, Any]) -> str | None:
     """None when two dataset manifests come from the same target, else what differs (both values)."""
-    ia, ib = a.get("target_info"), b.get("target_info")
-    if ia and ib:
-        for key in TARGET_KEYS:
-            if ia.get(key) != ib.get(key):
-                return f"{key} {ia.get(key)} in {a['path']} but {ib.get(key)} in {b['path']}"
-        return None
+    if a["target_info"] and b["target_info"]:
+        return info_mismatch(a["target_info"], b["target_info"], a["path"], b["path"])
     if a["target"] != b["target"] or a["revision"] != b["revision"]:
         return f"target {a['target']!r} in {a['path']} but {b['target']!r} in {b['path']}"
     return None
@@ -133,7 +136,7 @@ def check_datasets(paths: Sequence[Path]) -> list[dict[str, Any]]:
 def write_dataset(metas: list[dict[str, Any]], out: Path) -> str:
     from datasets import concatenate_datasets, load_from_disk
 
-    from .distill import save_merged
+    from .distill import MANIFEST as DISTILL_MANIFEST, save_merged
     from .vocab import load_token_counts, save_token_counts
 
     parts = [load_from_disk(m["path"]) for m in metas]
@@ -154,7 +157,7 @@ def write_dataset(metas: list[dict[str, Any]], out: Path) -> str:
                         + ", ".join(f"{c.numel()} in {m['path']}" for c, m in zip(counts, metas)))
     save_token_counts(out, sum(counts[1:], counts[0]))
     first = metas[0]
-    write_json(out / DATASET_MANIFEST, {
+    write_json(out / DISTILL_MANIFEST, {
         "format": "headway-distilled", "target_path": first["target_path"], "target_info": first["target_info"],
         "settings": {"target": first["target"], "revision": first["revision"], "chat_template": first["chat_template"],
                      "merged_from": [{"path": m["path"], "rows": len(p), "settings": m["settings"]}
@@ -167,7 +170,8 @@ def write_dataset(metas: list[dict[str, Any]], out: Path) -> str:
 
 # ---------------------------------------------------------------- features
 
-def check_features(paths: Sequence[Path]) -> list[dict[str, Any]]:
+def check_features(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the features manifests, their datasets' ``check_datasets`` entries), or a refusal."""
     from .features import read_features_manifest
 
     manifests = []
@@ -193,17 +197,15 @@ def check_features(paths: Sequence[Path]) -> list[dict[str, Any]]:
             if m["settings"].get(key) != first["settings"].get(key):
                 raise DataError(f"cannot merge features made with different {key}: {first['settings'].get(key)} "
                                 f"in {first['path']} but {m['settings'].get(key)} in {m['path']}")
-        why = same_target({"path": first["path"], "target_info": first.get("target"), "target": None, "revision": None},
-                          {"path": m["path"], "target_info": m.get("target"), "target": None, "revision": None})
+        why = info_mismatch(first["target"], m["target"], first["path"], m["path"])
         if why:
             raise DataError(f"cannot merge features of different targets: {why}")
-    check_datasets([Path(m["settings"]["dataset"]).expanduser() for m in manifests])
-    for m in manifests:  # a features folder may cover a prefix of its dataset (--limit): merge only those rows
-        rows = dataset_manifest(Path(m["settings"]["dataset"]).expanduser())["rows"]
-        if rows is not None and rows != m["num_rows"]:
-            raise DataError(f"{m['path']} holds {m['num_rows']} rows of its dataset's {rows} (made with --limit); "
-                            "make features of every row to merge it")
-    return manifests
+    datasets = check_datasets([Path(m["settings"]["dataset"]).expanduser() for m in manifests])
+    for m, d in zip(manifests, datasets):  # features of a prefix (--limit) would not line up with the merged rows
+        if d["rows"] is not None and d["rows"] != m["num_rows"]:
+            raise DataError(f"{m['path']} holds {m['num_rows']} rows of its dataset's {d['rows']} (made with "
+                            "--limit); make features of every row to merge it")
+    return manifests, datasets
 
 
 def link_or_copy(src: Path, dst: Path) -> None:
@@ -214,11 +216,11 @@ def link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def write_features(manifests: list[dict[str, Any]], out: Path) -> str:
+def write_features(manifests: list[dict[str, Any]], datasets: list[dict[str, Any]], out: Path) -> str:
     from .features import MANIFEST
 
     data_out = out / "dataset"
-    write_dataset(check_datasets([Path(m["settings"]["dataset"]).expanduser() for m in manifests]), data_out)
+    write_dataset(datasets, data_out)
     shards: list[dict[str, Any]] = []
     for m in manifests:
         for s in m["shards"]:
@@ -226,7 +228,8 @@ def write_features(manifests: list[dict[str, Any]], out: Path) -> str:
             link_or_copy(Path(m["path"]) / s["file"], out / name)
             shards.append({**s, "file": name})
     first = manifests[0]
-    settings = {**first["settings"], "dataset": str(data_out), "dataset_state": digest((data_out / "state.json").read_text()),
+    settings = {**first["settings"], "dataset": str(data_out),
+                "dataset_state": digest((data_out / "state.json").read_text()),
                 "rows": sum(m["num_rows"] for m in manifests),
                 "merged_from": [{"path": m["path"], "rows": m["num_rows"], "dataset": m["settings"]["dataset"]}
                                 for m in manifests]}
