@@ -122,6 +122,9 @@ class EagleOptions:
                                              "the target's lm_head (training still fits the full vocabulary)")
     aux_layers: list[int] = opt(default_factory=list, help="EAGLE-3 fused target layers as HF hidden-state indices; "
                                                            "empty = (2, L//2, L-3)")
+    init_layer: int | None = opt(None, "EAGLE-3: start the drafter's layer as a copy of this target decoder layer "
+                                       "(0-based; -1 = last), fc as a pass-through of the deepest fused layer and "
+                                       "norm as the target's final norm; None = random init")
     feature_weight: float = opt(1.0, "EAGLE-1 SmoothL1 feature-regression weight")
     ce_weight: float = opt(0.1, "EAGLE-1 soft cross-entropy weight")
     noise: float = opt(0.2, "EAGLE-1 uniform noise width on input features (U(-noise/2, noise/2))")

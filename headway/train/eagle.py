@@ -84,6 +84,49 @@ def init_lm_head(heads: Eagle3Drafter, target: nn.Module) -> None:
         heads.lm_head.weight.copy_(W[ids.to(W.device)].to(heads.lm_head.weight))
 
 
+def init_from_target_layer(heads: Eagle3Drafter, target: nn.Module, layer: int) -> dict[str, Any]:
+    """Start EAGLE-3's decoder layer as a copy of the target's decoder layer ``layer`` (0-based),
+    ``fc`` as the pick of the deepest fused feature, and ``norm`` as the target's final norm.
+
+    The attention projections read ``cat(embed, hidden)``; both halves get the target layer's
+    weights, so at the start the layer sees roughly ``embed + hidden`` as the target layer sees
+    its residual stream. Needs Llama-style module names (``self_attn.q_proj``, ``mlp.gate_proj``,
+    ``input_layernorm``, ...); anything else is refused by name. Biases (Qwen2's q/k/v) are not
+    copied: the drafter's layer has none."""
+    layers = getattr(target.get_decoder(), "layers", None)
+    if layers is None or not -len(layers) <= layer < len(layers):
+        n = "no" if layers is None else len(layers)
+        raise ValueError(f"eagle.init_layer={layer}: the target has {n} decoder layers")
+    src = layers[layer]
+    dst = heads.midlayer
+    H = heads.config.hidden_size
+    names = {"self_attn.o_proj": dst.self_attn.o_proj, "mlp.gate_proj": dst.mlp.gate_proj,
+             "mlp.up_proj": dst.mlp.up_proj, "mlp.down_proj": dst.mlp.down_proj,
+             "post_attention_layernorm": dst.post_attention_layernorm, "input_layernorm": dst.input_layernorm}
+    try:
+        found = {n: src.get_submodule(n) for n in [*names, "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]}
+    except AttributeError as e:
+        raise ValueError(f"eagle.init_layer: the target's layer {layer} ({type(src).__name__}) lacks Llama-style "
+                         f"modules: {e}") from None
+    for n, mod in names.items():  # every check before any copy: a refusal leaves the drafter as it was
+        if found[n].weight.shape != mod.weight.shape:
+            raise ValueError(f"eagle.init_layer: {n} is {tuple(found[n].weight.shape)} in the target and "
+                             f"{tuple(mod.weight.shape)} in the drafter")
+    with torch.no_grad():
+        for n, mod in names.items():
+            mod.weight.copy_(found[n].weight)
+        dst.hidden_norm.weight.copy_(found["input_layernorm"].weight)
+        for n in ("q_proj", "k_proj", "v_proj"):
+            w = found[f"self_attn.{n}"].weight  # (out, H)
+            getattr(dst.self_attn, n).weight.copy_(torch.cat([w, w], dim=1))  # (out, 2H): embed | hidden halves
+        heads.fc.weight.zero_()
+        heads.fc.weight[:, 2 * H:].copy_(torch.eye(H))  # the deepest fused layer passes through
+        norm = getattr(target.get_decoder(), "norm", None)
+        if norm is not None and getattr(norm, "weight", None) is not None:
+            heads.norm.weight.copy_(norm.weight)
+    return {"layer": layer % len(layers), "fc": f"identity on aux layer {heads.feature_layers[-1]}"}
+
+
 class _EagleTask:
     """What EAGLE-1 and EAGLE-3 share: frozen target, one param group, logits needed, chain eval."""
 
@@ -163,6 +206,8 @@ class Eagle3Task(_EagleTask):
             info["answer_token_coverage"] = round(float(counts[ids].sum()) / max(1, int(counts.sum())), 4)
         init_lm_head(heads, target)
         heads.metadata["draft_vocab"] = info
+        if self.opts.init_layer is not None:
+            heads.metadata["init_from_target"] = init_from_target_layer(heads, target, self.opts.init_layer)
         return heads
 
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
