@@ -85,3 +85,13 @@ def test_training_config_records_the_init(tmp_path):
     last = target.model.layers[-1]
     assert torch.equal(heads.midlayer.mlp.down_proj.weight, last.mlp.down_proj.weight)
     assert heads.metadata["init_from_target"]["layer"] == len(target.model.layers) - 1
+
+
+def test_a_layer_of_another_shape_is_refused_before_anything_is_copied():
+    target, _ = tiny_target("llama")
+    heads = drafter_for(target)
+    other, _ = tiny_target("llama", intermediate_size=2 * target.config.intermediate_size)
+    before = {k: v.clone() for k, v in heads.state_dict().items()}
+    with pytest.raises(ValueError, match=r"mlp.gate_proj is \(\d+, \d+\) in the target and"):
+        init_from_target_layer(heads, other, 0)
+    assert all(torch.equal(v, before[k]) for k, v in heads.state_dict().items())

@@ -108,10 +108,13 @@ def init_from_target_layer(heads: Eagle3Drafter, target: nn.Module, layer: int) 
     except AttributeError as e:
         raise ValueError(f"eagle.init_layer: the target's layer {layer} ({type(src).__name__}) lacks Llama-style "
                          f"modules: {e}") from None
-    for n, mod in names.items():  # every check before any copy: a refusal leaves the drafter as it was
-        if found[n].weight.shape != mod.weight.shape:
-            raise ValueError(f"eagle.init_layer: {n} is {tuple(found[n].weight.shape)} in the target and "
-                             f"{tuple(mod.weight.shape)} in the drafter")
+    # every check before any copy: a refusal leaves the drafter as it was. q/k/v: each half is the target's
+    pairs = [(found[n].weight.shape, mod.weight.shape, n) for n, mod in names.items()]
+    pairs += [((w.shape[0], 2 * w.shape[1]), getattr(dst.self_attn, n).weight.shape, f"self_attn.{n} (2 halves)")
+              for n in ("q_proj", "k_proj", "v_proj") for w in [found[f"self_attn.{n}"].weight]]
+    for theirs, ours, n in pairs:
+        if tuple(theirs) != tuple(ours):
+            raise ValueError(f"eagle.init_layer: {n} is {tuple(theirs)} in the target and {tuple(ours)} in the drafter")
     with torch.no_grad():
         for n, mod in names.items():
             mod.weight.copy_(found[n].weight)
