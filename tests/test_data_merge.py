@@ -3,6 +3,7 @@ shards linked, mismatches refused with both values named, and training reads a m
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +106,15 @@ def test_cli_takes_every_input(parts, tmp_path, capsys):
     assert len(load_distilled(tmp_path / "aba")) == 13
 
 
+def edited_copy(src: Path, dst: Path, manifest: str, edit) -> Path:
+    """A copy of folder ``src`` whose JSON ``manifest`` went through ``edit`` (in place)."""
+    shutil.copytree(src, dst)
+    m = json.loads((dst / manifest).read_text())
+    edit(m)
+    (dst / manifest).write_text(json.dumps(m))
+    return dst
+
+
 def test_refusals_name_both_values_and_write_nothing(parts, tmp_path):
     root, a, b, fa, fb = parts
     out = tmp_path / "out"
@@ -112,27 +122,18 @@ def test_refusals_name_both_values_and_write_nothing(parts, tmp_path):
         merge([a, fb], out)
     with pytest.raises(DataError, match="two or more"):
         merge([a], out)
-    other = tmp_path / "other"
-    shutil.copytree(b, other)
-    m = json.loads((other / "headway_distill.json").read_text())
-    m["target_info"]["vocab_size"] = 999
-    (other / "headway_distill.json").write_text(json.dumps(m))
+    other = edited_copy(b, tmp_path / "other", "headway_distill.json",
+                        lambda m: m["target_info"].update(vocab_size=999))
     with pytest.raises(DataError, match=r"vocab_size \d+ in .* but 999 in"):
         merge([a, other], out)
-    m["target_info"]["vocab_size"] = json.loads((a / "headway_distill.json").read_text())["target_info"]["vocab_size"]
-    m["complete"] = False
-    (other / "headway_distill.json").write_text(json.dumps(m))
+    unfinished = edited_copy(b, tmp_path / "unfinished", "headway_distill.json", lambda m: m.update(complete=False))
     with pytest.raises(DataError, match="unfinished"):
-        merge([a, other], out)
+        merge([a, unfinished], out)
     f0 = feats(b, tmp_path / "f0", layers=("0", "final"))
     with pytest.raises(DataError, match=r"different keys: \['hidden_states.1', 'final'\] in .* but "
                                         r"\['hidden_states.0', 'final'\]"):
         merge([fa, f0], out)
-    fo = tmp_path / "fother"
-    shutil.copytree(fb, fo)
-    fm = json.loads((fo / "features.json").read_text())
-    fm["target"]["hidden_size"] = 7
-    (fo / "features.json").write_text(json.dumps(fm))
+    fo = edited_copy(fb, tmp_path / "fother", "features.json", lambda m: m["target"].update(hidden_size=7))
     with pytest.raises(DataError, match=r"features of different targets: hidden_size \d+ in .* but 7 in"):
         merge([fa, fo], out)
     assert not out.exists() or not any(p.name != ".lock" for p in out.iterdir())
