@@ -4,6 +4,7 @@ mismatched target, online == offline features, 2 processes == 1, and learning to
 import json
 import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,15 +103,27 @@ def test_drafter_for_another_target_is_refused_naming_both_values(setup, tmp_pat
         load_heads(final, target=wide)
 
 
-@pytest.mark.parametrize("task_cls", [Eagle1Task, Eagle3Task])
-def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task_cls):
+def greedy_copy(data: Path, out: Path, temperature: float = 0.0) -> Path:
+    """The dataset with a distill manifest saying the target wrote it at ``temperature``."""
+    shutil.copytree(data, out)
+    (out / "headway_distill.json").write_text(json.dumps({"complete": True, "settings": {"temperature": temperature}}))
+    return out
+
+
+@pytest.mark.parametrize("task_cls,vocab,argmax_from", [(Eagle1Task, None, "logits"), (Eagle3Task, None, "logits"),
+                                                        (Eagle3Task, 128, "logits"), (Eagle3Task, 128, "data")])
+def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task_cls, vocab, argmax_from):
     """The same rows through the frozen target (online) and through `headway features` shards
-    (offline, float32) give the same K training steps, loss for loss."""
+    (offline, float32) give the same K training steps, loss for loss; offline, EAGLE-3 projects
+    only its draft vocabulary's rows (and with argmax_from=data no full projection at all)."""
     from headway.data.features import FeatureStore, FeaturesConfig, features
 
     root, target_dir, data = setup
     target, _ = load_target(str(target_dir), device="cpu")
-    cfg = config(setup, tmp_path, task_cls.kind, **{"eagle.draft_vocab_size": None})
+    if argmax_from == "data":
+        data = greedy_copy(data, tmp_path / "greedy")
+    cfg = config(setup, tmp_path, task_cls.kind, data=str(data),
+                 **{"eagle.draft_vocab_size": vocab, "eagle.argmax_from": argmax_from})
     layers = [str(i) for i in sorted(set(Eagle3Drafter.for_target(target).feature_layers))]
     store_dir = features(FeaturesConfig(dataset=str(data), output=str(tmp_path / "feat"), layers=["final", *layers],
                                         store_dtype="float32", target=str(target_dir), batch_size=4, shard_size=16))
@@ -130,7 +143,10 @@ def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task
             if source == "online":
                 tb = target_batch(target, collate([rows[i] for i in idx]), task.feature_layers(heads), True)
             else:
-                tb = feature_batch([store[i] for i in idx], task.feature_layers(heads), target.get_output_embeddings())
+                head = target.get_output_embeddings()
+                logits = task.stored_logits(heads, head) if hasattr(task, "stored_logits") else head
+                tb = feature_batch([store[i] for i in idx], task.feature_layers(heads), logits)
+                assert (tb.logit_rows is None) == (task_cls is Eagle1Task)
             torch.manual_seed(100 + step)  # the loop's RNG: EAGLE-1's input noise
             loss, _ = task.loss(heads, tb, step)
             loss.backward()
@@ -141,7 +157,33 @@ def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task
 
     online, offline = run("online"), run("offline")
     assert online[-1] != online[0]
+    if argmax_from == "data":  # these rows are not the tiny target's greedy output: the labels differ
+        cfg = replace(cfg, eagle=replace(cfg.eagle, argmax_from="logits"))
+        assert run("online")[0] != online[0]
     torch.testing.assert_close(torch.tensor(offline), torch.tensor(online), rtol=1e-6, atol=1e-6)
+
+
+def test_argmax_from_data_needs_greedy_distilled_data(setup, tmp_path):
+    """The data's next token is the target's argmax only where the target wrote the answers
+    greedily: data without a distill manifest, or distilled at a temperature, is refused."""
+    from headway.train.errors import TrainError
+
+    _, target_dir, data = setup
+    target, _ = load_target(str(target_dir), device="cpu")
+    with pytest.raises(TrainError, match="holds no headway_distill.json; use argmax_from=logits"):
+        Eagle3Task(config(setup, tmp_path, "eagle3", **{"eagle.argmax_from": "data"})).build(target)
+    hot = greedy_copy(data, tmp_path / "hot", temperature=0.7)
+    with pytest.raises(TrainError, match="distilled at temperature 0.7"):
+        Eagle3Task(config(setup, tmp_path, "eagle3", data=str(hot), **{"eagle.argmax_from": "data"})).build(target)
+    merged = greedy_copy(data, tmp_path / "merged")  # `headway merge` lists each run's settings
+    (merged / "headway_distill.json").write_text(json.dumps({"complete": True, "settings": {"merged_from": [
+        {"settings": {"temperature": 0.0}}, {"settings": {"temperature": 1.0}}]}}))
+    with pytest.raises(TrainError, match="temperature 1.0"):
+        Eagle3Task(config(setup, tmp_path, "eagle3", data=str(merged), **{"eagle.argmax_from": "data"})).build(target)
+    greedy = greedy_copy(data, tmp_path / "greedy")
+    cfg = config(setup, tmp_path, "eagle3", data=str(greedy), **{"eagle.argmax_from": "data"})
+    heads = Eagle3Task(cfg).build(target)
+    assert heads.draft_vocab_size == 128
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "medusa"])

@@ -48,3 +48,31 @@ def test_stored_batch_projects_only_positions_followed_by_an_answer_token():
                            torch.float32)
     torch.testing.assert_close(offline.logits[used], online.logits[used], rtol=1e-5, atol=1e-5)
     assert offline.logits[~used].abs().sum() == 0
+
+
+def test_stored_logits_reduced_to_rows_and_argmax():
+    """StoredLogits with rows: only those columns of the full projection; its argmax from the
+    full projection (in chunks smaller than the batch) or, with top='data', the given next tokens."""
+    from headway.train.batch import StoredLogits, lm_head_logits
+
+    model, _ = tiny_target("llama")
+    head = model.get_output_embeddings()
+    final = torch.randn(37, head.weight.shape[1])
+    next_ids = torch.randint(0, head.weight.shape[0], (37,))
+    full, none = lm_head_logits(head)(final)
+    assert none is None and full.shape == (37, head.weight.shape[0])
+    rows = torch.tensor([5, 1, 90, 7, 33])  # draft order need not be sorted
+    exact = StoredLogits(head, rows=rows, top="logits", chunk=8)
+    part, top = exact(final, next_ids)
+    torch.testing.assert_close(part, full[:, rows], rtol=1e-5, atol=1e-5)
+    assert torch.equal(top, full.argmax(-1))
+    greedy = StoredLogits(head, rows=rows, top="data")
+    part2, top2 = greedy(final, next_ids)
+    torch.testing.assert_close(part2, full[:, rows], rtol=1e-5, atol=1e-5)
+    assert torch.equal(top2, next_ids)
+    # evaluation measures against the target: the same rows, the argmax from the logits
+    part3, top3 = greedy.exact()(final, next_ids)
+    assert torch.equal(top3, full.argmax(-1)) and greedy.top == "data"
+    torch.testing.assert_close(part3, part2, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="top must be"):
+        StoredLogits(head, top="argmax")

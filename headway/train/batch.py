@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -26,8 +26,10 @@ class TargetBatch:
     attention_mask: Tensor  # (B, T) long, 1 on real tokens
     loss_mask: Tensor  # (B, T) long, 1 on target-written tokens, 0 on prompt and padding
     hidden: dict[int, Tensor]  # HF hidden_states index -> (B, T, H); -1 = final post-norm
-    logits: Tensor | None = None  # (B, T, V), when the task needs them
+    logits: Tensor | None = None  # (B, T, V), when the task needs them; (B, T, R) when only logit_rows were projected
     ref_logits: Tensor | None = None  # (B, T, V) of the unadapted target (adapter disabled), Medusa-2 only
+    logit_rows: Tensor | None = None  # (R,) target ids of logits' last dim; None = the whole vocabulary
+    top: Tensor | None = None  # (B, T) the target's argmax (target ids) where logits are read, when projected apart
 
 
 def collate(rows: Sequence[dict[str, Any]], pad_id: int = 0, max_length: int | None = None) -> dict[str, Tensor]:
@@ -115,18 +117,68 @@ def collate_features(rows: Sequence[dict[str, Any]], pad_id: int = 0, max_length
                          for k in rows[0]["features"]}}  # each (B, T, H)
 
 
-def lm_head_logits(lm_head: nn.Module) -> Callable[[Tensor], Tensor]:
-    """The target's output projection as a float32 function (..., H) -> (..., V), outside any
-    autocast: the logits the online forward computes, from the stored post-norm ``final`` state.
-    The float32 weight is made once (no copy for a float32 target)."""
-    weight = lm_head.weight.detach().float()  # (V, H)
-    bias = lm_head.bias.detach().float() if getattr(lm_head, "bias", None) is not None else None
+class StoredLogits:
+    """The target's lm_head on stored post-norm ``final`` states, in float32 outside any autocast
+    (the logits the online forward computes), reduced to what a loss reads.
 
-    def logits(final: Tensor) -> Tensor:
+    ``rows`` (R,) target ids: project onto only these vocabulary rows (EAGLE-3's draft vocabulary,
+    in draft order); None = all V. ``top``: also return the target's argmax -- ``"logits"`` from
+    the full projection (exact; with ``rows``, computed in chunks so no (N, V) tensor is kept),
+    ``"data"`` the data's next token (the data is the target's own greedy output, where the two
+    agree: the full-vocabulary projection, most of the cost with a small draft vocabulary, is
+    skipped), or None. The float32 weight is made once (no copy for a float32 target)."""
+
+    def __init__(self, lm_head: nn.Module, rows: Tensor | None = None, top: str | None = None,
+                 chunk: int = 512) -> None:
+        if top not in (None, "logits", "data"):
+            raise ValueError(f"top must be None, 'logits' or 'data', not {top!r}")
+        self.dtype = lm_head.weight.dtype  # the target's: stored states are cast to it, as online
+        self.weight = lm_head.weight.detach().float()  # (V, H)
+        bias = getattr(lm_head, "bias", None)
+        self.bias = bias.detach().float() if bias is not None else None
+        self.rows = rows.to(self.weight.device) if rows is not None else None
+        self.top, self.chunk = top, chunk
+        if self.rows is not None and top != "logits":  # only these rows are ever projected
+            self.part = self.weight[self.rows]  # (R, H)
+            self.part_bias = self.bias[self.rows] if self.bias is not None else None
+
+    def exact(self) -> "StoredLogits":
+        """The same projection with the argmax from the logits (evaluation measures against the target)."""
+        if self.top != "data":
+            return self
+        out = StoredLogits.__new__(StoredLogits)
+        out.__dict__.update(self.__dict__, top="logits")
+        return out
+
+    def __call__(self, final: Tensor, next_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """final (N, H), next_ids (N,) the data's token after each state -> (logits (N, V or R)
+        float32, the target's argmax (N,) in target ids or None)."""
         with torch.autocast(final.device.type, enabled=False), torch.no_grad():
-            return nn.functional.linear(final.to(weight.device, torch.float32), weight, bias)  # (B, T, V)
+            x = final.to(self.weight.device, torch.float32)
+            if self.rows is None:
+                logits = nn.functional.linear(x, self.weight, self.bias)  # (N, V)
+                top = logits.argmax(-1) if self.top == "logits" else None
+            elif self.top == "logits":  # the argmax needs every row, the loss only `rows`
+                parts, tops = [], []
+                for c in x.split(self.chunk):
+                    full = nn.functional.linear(c, self.weight, self.bias)  # (chunk, V)
+                    tops.append(full.argmax(-1))
+                    parts.append(full.index_select(-1, self.rows))
+                logits = torch.cat(parts) if parts else x.new_zeros(0, self.rows.numel())
+                top = torch.cat(tops) if tops else torch.zeros(0, dtype=torch.long, device=x.device)
+            else:
+                logits = nn.functional.linear(x, self.part, self.part_bias)  # (N, R)
+                top = None
+            if self.top == "data":
+                if next_ids is None:
+                    raise ValueError("top='data' needs the data's next tokens")
+                top = next_ids.to(logits.device)
+            return logits, top
 
-    return logits
+
+def lm_head_logits(lm_head: nn.Module) -> StoredLogits:
+    """Every vocabulary row, no separate argmax: the online forward's logits."""
+    return StoredLogits(lm_head)
 
 
 def shift_mask(loss_mask: Tensor) -> Tensor:
@@ -136,22 +188,29 @@ def shift_mask(loss_mask: Tensor) -> Tensor:
     return used
 
 
-def stored_batch(batch: dict[str, Any], layers: Sequence[int], logits_fn: Callable[[Tensor], Tensor] | None,
+def stored_batch(batch: dict[str, Any], layers: Sequence[int], logits_fn: StoredLogits | None,
                  device: torch.device, dtype: torch.dtype) -> TargetBatch:
     """A ``collate_features`` batch -> the ``TargetBatch`` ``target_batch`` gives online: hidden
     states in the target's dtype on ``device``, logits from ``logits_fn`` on ``final`` where they are
-    read (zeros elsewhere: see the comment below)."""
+    read (zeros elsewhere: see the comment below), over its rows, with its argmax when it gives one."""
     feats = batch["features"]  # key -> (B, T, H), stored dtype
     hidden = {i: feats[feature_key(i)].to(device=device, dtype=dtype) for i in layers}  # each (B, T, H)
-    logits = None
+    logits = top = None
     if logits_fn is not None:
         # Every loss and metric reads the target's logits at s only where token s+1 is an answer
         # token (loss_mask 1): it predicts that token. Project just those positions (about half
         # of a padded chat batch) and leave zeros, which nothing reads, elsewhere.
         used = shift_mask(batch["loss_mask"]).to(device)  # (B, T) bool
         final = feats["final"].to(device)
-        rows = logits_fn(final[used])  # (N, V) float32
-        logits = rows.new_zeros(*used.shape, rows.shape[-1])  # (B, T, V)
+        ids = batch["input_ids"].to(device)
+        next_ids = torch.zeros_like(ids)
+        next_ids[:, :-1] = ids[:, 1:]  # (B, T) x_{s+1}
+        rows, row_top = logits_fn(final[used], next_ids[used])  # (N, V or R) float32, (N,) | None
+        logits = rows.new_zeros(*used.shape, rows.shape[-1])  # (B, T, V or R)
         logits[used] = rows
+        if row_top is not None:
+            top = torch.zeros(used.shape, dtype=torch.long, device=rows.device)
+            top[used] = row_top
     return TargetBatch(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                       loss_mask=batch["loss_mask"].to(device), hidden=hidden, logits=logits)
+                       loss_mask=batch["loss_mask"].to(device), hidden=hidden, logits=logits,
+                       logit_rows=logits_fn.rows if logits_fn is not None else None, top=top)

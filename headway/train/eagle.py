@@ -17,10 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase
-from .batch import collate_features, lm_head_logits, stored_batch, stored_keys
+from .batch import StoredLogits, collate_features, lm_head_logits, stored_batch, stored_keys
 from .calibration import eagle_calibration_sums, summarize_calibration, teacher_forced_sums
 from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
+from .errors import TrainError
 from .tasks import ParamGroup, TargetBatch
 from .ttt import acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, shift_left, summarize_acceptance
 
@@ -44,7 +45,8 @@ def eval_sums(drafter: nn.Module, tb: TargetBatch, hidden: Tensor, depth: int) -
     ``calib_*``: the same steps' calibration sums (``train/calibration.py``), depth j+1 = step j."""
     data_next = shift_left(tb.input_ids, 1)  # (B, T) x_{s+1}
     accepted, start = chain_accepted(drafter, tb.input_ids, hidden, data_next, tb.loss_mask, depth)
-    greedy, _ = chain_accepted(drafter, tb.input_ids, hidden, tb.logits.argmax(-1), tb.loss_mask, depth)
+    top = tb.top if tb.top is not None else tb.logits.argmax(-1)  # (B, T) the target's argmax
+    greedy, _ = chain_accepted(drafter, tb.input_ids, hidden, top, tb.loss_mask, depth)
     hits, calib = teacher_forced_sums(drafter, tb.input_ids, hidden, start, depth)
     return {"accept_hist": acceptance_stats(accepted, start, depth)["accept_hist"],
             "accept_hist_greedy": acceptance_stats(greedy, start, depth)["accept_hist"],
@@ -211,7 +213,23 @@ class Eagle3Task(_EagleTask):
         heads.metadata["draft_vocab"] = info
         if self.opts.init_layer is not None:
             heads.metadata["init_from_target"] = init_from_target_layer(heads, target, self.opts.init_layer)
+        if self.opts.argmax_from == "data":
+            check_greedy_data(self.cfg.data)
         return heads
+
+    def stored_logits(self, heads: HeadsBase, lm_head: nn.Module) -> StoredLogits:
+        """Offline, the loss reads the target's logits on the draft vocabulary's rows and its argmax:
+        project only those rows, and take the argmax as ``eagle.argmax_from`` says."""
+        return StoredLogits(lm_head, rows=heads.draft_token_ids(), top=self.opts.argmax_from)
+
+    def targets(self, heads: HeadsBase, tb: TargetBatch) -> tuple[Tensor, Tensor]:
+        """(logits over the draft vocabulary's rows (B, T, Vd), the target's argmax (B, T) in target ids),
+        from either route: the reduced stored projection as it is, the online full logits cut down."""
+        if tb.logit_rows is not None:
+            assert tb.top is not None, "a reduced projection comes with its argmax (stored_logits)"
+            return tb.logits, tb.top
+        top = shift_left(tb.input_ids, 1) if self.opts.argmax_from == "data" else tb.logits.argmax(-1)
+        return tb.logits[..., heads.draft_token_ids()], top
 
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
         stats = super().eval_stats(heads, tb)
@@ -227,24 +245,45 @@ class Eagle3Task(_EagleTask):
         return out
 
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
-        return eagle3_ttt_loss(heads, tb.input_ids, self.hidden(heads, tb), tb.logits, tb.loss_mask,
+        logits, top = self.targets(heads, tb)
+        return eagle3_ttt_loss(heads, tb.input_ids, self.hidden(heads, tb), logits, tb.loss_mask,
                                steps=self.opts.ttt_steps, decay=self.opts.step_decay,
-                               hard_weight=self.opts.hard_weight)
+                               hard_weight=self.opts.hard_weight, target_top=top)
+
+
+def check_greedy_data(data: str) -> None:
+    """``eagle.argmax_from: data`` reads the target's argmax off the data's next token, which is
+    right only where the target itself wrote the answers greedily: refuse anything else."""
+    from ..data.distill import MANIFEST
+    from ..data.shards import read_json
+
+    path = Path(data).expanduser() / MANIFEST
+    if not path.is_file():
+        raise TrainError(f"eagle.argmax_from=data needs data the target distilled greedily, but {data} holds no "
+                         f"{MANIFEST}; use argmax_from=logits")
+    settings = read_json(path).get("settings", {})
+    runs = [m.get("settings", {}) for m in settings.get("merged_from", [])] or [settings]
+    hot = sorted({r.get("temperature") for r in runs if r.get("temperature") != 0.0}, key=str)
+    if hot:
+        raise TrainError(f"eagle.argmax_from=data needs greedy answers, but {data} was distilled at temperature "
+                         f"{', '.join(map(str, hot))}; use argmax_from=logits")
 
 
 
-def feature_batch(rows: list[dict[str, Tensor]], layers: list[int], lm_head: nn.Module | None,
+def feature_batch(rows: list[dict[str, Tensor]], layers: list[int], lm_head: nn.Module | StoredLogits | None,
                   pad_id: int = 0) -> TargetBatch:
     """Offline route for a list of ``FeatureStore`` rows (``store[i]``) -> the ``TargetBatch``
     online training builds: ``collate_features`` + ``stored_batch``, as ``headway train
     features=DIR`` does. Layer -1 reads ``final``; the logits are the target's ``lm_head`` on
-    ``final`` in float32 (so EAGLE-3 features need ``final`` besides the aux layers)."""
-    keys = stored_keys(layers, lm_head is not None)
+    ``final`` in float32 (so EAGLE-3 features need ``final`` besides the aux layers): every row for
+    an ``nn.Module``, what a ``StoredLogits`` (a task's ``stored_logits``) reduces them to."""
+    logits = lm_head if isinstance(lm_head, StoredLogits) or lm_head is None else lm_head_logits(lm_head)
+    keys = stored_keys(layers, logits is not None)
     batch = collate_features([{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"],
                                "features": {k: r[k] for k in keys}} for r in rows], pad_id)
-    ref = lm_head.weight if lm_head is not None else batch["features"][keys[0]]
-    return stored_batch(batch, layers, lm_head_logits(lm_head) if lm_head is not None else None, ref.device,
-                        ref.dtype)
+    ref = batch["features"][keys[0]]
+    device, dtype = (logits.weight.device, logits.dtype) if logits is not None else (ref.device, ref.dtype)
+    return stored_batch(batch, layers, logits, device, dtype)
 
 
 __all__ = ["Eagle1Task", "Eagle3Task", "draft_vocab_counts", "eagle_calibration_sums", "eval_sums", "feature_batch",

@@ -32,8 +32,8 @@ from torch.utils.data import DataLoader, Dataset
 from ..config import to_dict
 from ..hardware import bf16_is_fast
 from ..progress import Progress
-from .batch import (TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch, stored_keys,
-                    target_batch)
+from .batch import (StoredLogits, TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch,
+                    stored_keys, target_batch)
 from .calibration import calibration_metadata
 from .checkpoints import (clear_run, folder_run, publish_dirs, read_state, resolve_resume, run_difference,
                           save_checkpoint, write_run)
@@ -296,22 +296,27 @@ class TrainModule(nn.Module):
             object.__setattr__(self, "frozen_target", target)
         self.adapted = adapted
         self.layers = task.feature_layers(heads)
-        self.stored_logits: Callable[[Tensor], Tensor] | None = None
+        self.stored_logits: StoredLogits | None = None
         if offline:  # stored states go where online ones live, in the target's dtype
             head = target.get_output_embeddings()
             self.stored_device, self.stored_dtype = head.weight.device, head.weight.dtype
             if task.needs_logits():  # the target's lm_head on the stored final state, in float32 (made once)
-                self.stored_logits = lm_head_logits(head)
+                reduced = getattr(task, "stored_logits", None)  # only the rows (and argmax) its loss reads
+                self.stored_logits = reduced(heads, head) if reduced is not None else lm_head_logits(head)
 
     def run_target(self) -> nn.Module:
         return self.target if self.adapted else self.frozen_target
 
-    def target_batch(self, batch: dict[str, Any], need_logits: bool, grad: bool = False) -> TargetBatch:
+    def target_batch(self, batch: dict[str, Any], need_logits: bool, grad: bool = False,
+                     evaluate: bool = False) -> TargetBatch:
         """Online: one target forward. Offline (a ``collate_features`` batch): the stored states,
-        and the lm_head on ``final`` when logits are needed; the decoder never runs."""
+        and the lm_head on ``final`` when logits are needed; the decoder never runs. Evaluation
+        takes the target's argmax from its logits, whatever the training loss reads."""
         if "features" in batch:
-            return stored_batch(batch, self.layers, self.stored_logits if need_logits else None,
-                                self.stored_device, self.stored_dtype)
+            logits = self.stored_logits if need_logits else None
+            if logits is not None and evaluate:
+                logits = logits.exact()
+            return stored_batch(batch, self.layers, logits, self.stored_device, self.stored_dtype)
         return target_batch(self.run_target(), batch, self.layers, need_logits, need_ref=self.adapted, grad=grad)
 
     def forward(self, batch: dict[str, Any], step: int, evaluate: bool = False) -> Any:
@@ -334,7 +339,7 @@ class TrainModule(nn.Module):
 
     @torch.no_grad()
     def evaluate(self, batch: dict[str, Any]) -> dict[str, Tensor]:
-        tb = self.target_batch(batch, self.task.needs_logits() or self.adapted)
+        tb = self.target_batch(batch, self.task.needs_logits() or self.adapted, evaluate=True)
         stats = self.task.eval_stats(self.heads, tb)
         if self.adapted:  # what adapting cost the target: its held-out LM loss with and without the adapter
             stats.update(target_lm_stats(tb.logits, tb.ref_logits, tb.input_ids, tb.loss_mask))

@@ -128,7 +128,7 @@ def label_mask(loss_mask: Tensor, shift: int) -> Tensor:
 
 def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target_logits: Tensor,
                     loss_mask: Tensor, steps: int = 7, decay: float = 0.8,
-                    hard_weight: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+                    hard_weight: float = 0.0, target_top: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """EAGLE-3 training-time-test loss: sum_j decay^j * (CE_j + hard_weight * CE_j^hard) over the
     draft vocabulary, CE_j against the target's distribution and CE_j^hard against its argmax.
 
@@ -136,12 +136,19 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
     little on the argmax, and greedy acceptance is decided by the argmax alone.
 
     input_ids (B, T); fused (B, T, H) = drafter.fuse(target features); target_logits (B, T, V)
-    over the full target vocabulary; loss_mask (B, T). Returns (loss, metrics) where metrics
+    over the full target vocabulary, or with ``target_top`` (B, T) (the target's argmax in target
+    ids) only over the draft vocabulary's rows, in draft order (``StoredLogits`` with rows: the
+    full projection is then never kept); loss_mask (B, T). Returns (loss, metrics) where metrics
     hold per-step ``ce{j}`` and ``acc{j}`` (draft argmax == target argmax) as 0-d tensors."""
     draft_ids = torch.arange(drafter.d2t.numel(), device=input_ids.device) + drafter.d2t  # (Vd,) target ids
     tl = target_logits.float()
-    target_p = F.softmax(tl[..., draft_ids], dim=-1)  # (B, T, Vd), renormalised on the draft vocab
-    target_top = tl.argmax(-1)  # (B, T) target ids
+    if target_top is None:
+        target_top = tl.argmax(-1)  # (B, T) target ids
+        tl = tl[..., draft_ids]
+    elif tl.shape[-1] != draft_ids.numel():
+        raise ValueError(f"with target_top, target_logits must hold the {draft_ids.numel()} draft-vocabulary rows, "
+                         f"not {tl.shape[-1]}")
+    target_p = F.softmax(tl, dim=-1)  # (B, T, Vd), renormalised on the draft vocab
     in_vocab = drafter.t2d[target_top]  # (B, T)
     to_draft = torch.zeros(drafter.t2d.numel(), dtype=torch.long, device=input_ids.device)
     to_draft[draft_ids] = torch.arange(draft_ids.numel(), device=input_ids.device)
