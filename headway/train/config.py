@@ -129,8 +129,8 @@ class EagleOptions:
                                      "positions the draft vocabulary can express): logits = the target's full-"
                                      "vocabulary projection, exact; data = the data's next token, for data the target "
                                      "distilled greedily (checked; they agree at ~99.9% of positions): offline, only "
-                                     "the draft vocabulary's rows of the lm_head are then projected (SmolLM2: a 1.3x "
-                                     "faster step). Evaluation always reads the logits",
+                                     "the draft vocabulary's rows of the lm_head are then projected (SmolLM2: ~1.2x the "
+                                     "tokens/s). Evaluation always reads the logits",
                            choices=("logits", "data"))
     feature_weight: float = opt(1.0, "EAGLE-1 SmoothL1 feature-regression weight")
     ce_weight: float = opt(0.1, "EAGLE-1 soft cross-entropy weight")

@@ -17,6 +17,8 @@ states and applies only the target's lm_head (``stored_batch``) -- and hands the
         logits: Tensor | None       # (B, T, V) target logits, when task.needs_logits()
         ref_logits: Tensor | None   # (B, T, V) logits of the *unadapted* target (adapter disabled),
                                     #   only when the task adapts the target (Medusa-2)
+        logit_rows: Tensor | None   # offline with stored_logits: (R,) the target ids logits hold
+        top: Tensor | None          #   (B, T, R) instead of V, and top (B, T) the target's argmax
 
     class Task(Protocol):
         kind: str                                   # TrainConfig.kind
@@ -27,6 +29,8 @@ states and applies only the target's lm_head (``stored_batch``) -- and hands the
                                                     #   runs it with grad and trains it too
         def feature_layers(self, heads) -> list[int]
         def needs_logits(self) -> bool
+        def stored_logits(self, heads, lm_head) -> StoredLogits  # optional: offline, project only the
+                                                    #   rows (and argmax) the loss reads (EAGLE-3)
         def param_groups(self, heads, target) -> list[ParamGroup]  # (name, params, lr_mult, start_step)
         def loss(self, heads, tb, step) -> tuple[Tensor, dict[str, Tensor]]  # metrics: 0-d tensors,
                                                     #   no .item() (the loop syncs at log_every)
