@@ -157,6 +157,23 @@ def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task
 
     online, offline = run("online"), run("offline")
     assert online[-1] != online[0]
+    if argmax_from == "data":
+        # the loop's module: training batches take the data's token, evaluation the target's argmax
+        from headway.train.batch import collate_features
+        from headway.train.loop import TrainModule
+
+        task = task_cls(cfg)
+        heads = task.build(target)
+        module = TrainModule(task, heads, target, adapted=False, offline=True)
+        keys = ["final", *(f"hidden_states.{i}" for i in task.feature_layers(heads))]
+        b = collate_features([{"input_ids": store[i]["input_ids"], "loss_mask": store[i]["loss_mask"],
+                               "features": {k: store[i][k] for k in keys}} for i in range(4)])
+        train_tb, eval_tb = module.target_batch(b, True), module.target_batch(b, True, evaluate=True)
+        used = train_tb.loss_mask[:, 1:].bool()
+        assert torch.equal(train_tb.top[:, :-1][used], train_tb.input_ids[:, 1:][used])
+        full = target.get_output_embeddings()(b["features"]["final"]).argmax(-1)
+        assert torch.equal(eval_tb.top[:, :-1][used], full[:, :-1][used])
+        assert not torch.equal(eval_tb.top, train_tb.top)
     if argmax_from == "data":  # these rows are not the tiny target's greedy output: the labels differ
         cfg = replace(cfg, eagle=replace(cfg.eagle, argmax_from="logits"))
         assert run("online")[0] != online[0]
