@@ -74,5 +74,6 @@ def test_stored_logits_reduced_to_rows_and_argmax():
     part3, top3 = greedy.exact()(final, next_ids)
     assert torch.equal(top3, full.argmax(-1)) and greedy.top == "data"
     torch.testing.assert_close(part3, part2, rtol=1e-5, atol=1e-5)
+    assert StoredLogits(head, rows=torch.arange(head.weight.shape[0]), top="logits").rows is None  # all, in order
     with pytest.raises(ValueError, match="top must be"):
         StoredLogits(head, top="argmax")

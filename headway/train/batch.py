@@ -136,6 +136,8 @@ class StoredLogits:
         self.weight = lm_head.weight.detach().float()  # (V, H)
         bias = getattr(lm_head, "bias", None)
         self.bias = bias.detach().float() if bias is not None else None
+        if rows is not None and torch.equal(rows.cpu(), torch.arange(self.weight.shape[0])):
+            rows = None  # every row, in order: the plain projection
         self.rows = rows.to(self.weight.device) if rows is not None else None
         self.top, self.chunk = top, chunk
         if self.rows is not None and top != "logits":  # only these rows are ever projected

@@ -125,8 +125,9 @@ class EagleOptions:
     init_layer: int | None = opt(None, "EAGLE-3: start the drafter's layer as a copy of this target decoder layer "
                                        "(0-based; -1 = last), fc as a pass-through of the deepest fused layer and "
                                        "norm as the target's final norm; None = random init")
-    argmax_from: str = opt("logits", "EAGLE-3: where the loss reads the target's argmax (the hard label, and which "
-                                     "positions the draft vocabulary can express): logits = the target's full-"
+    argmax_from: str = opt("logits", "EAGLE-3 (and EAGLE-1's accuracy metric): where training reads the target's "
+                                     "argmax (the hard label, and which positions the draft vocabulary can "
+                                     "express): logits = the target's full-"
                                      "vocabulary projection, exact; data = the data's next token, for data the target "
                                      "distilled greedily (checked; they agree at ~99.9% of positions): offline, only "
                                      "the draft vocabulary's rows of the lm_head are then projected (SmolLM2: ~1.2x the "

@@ -166,6 +166,28 @@ class _EagleTask:
     def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None:
         heads.save_pretrained(out_dir)
 
+    def check_data(self) -> None:
+        if self.opts.argmax_from == "data":
+            check_greedy_data(self.cfg.data)
+
+    def logit_rows(self, heads: HeadsBase) -> Tensor | None:
+        """The target ids the loss reads logits of: the draft vocabulary's, in draft order (None: all)."""
+        return heads.draft_token_ids() if heads.has_draft_vocab else None
+
+    def stored_logits(self, heads: HeadsBase, lm_head: nn.Module) -> StoredLogits:
+        """Offline, project only the rows the loss reads, with the argmax as ``eagle.argmax_from`` says."""
+        return StoredLogits(lm_head, rows=self.logit_rows(heads), top=self.opts.argmax_from)
+
+    def targets(self, heads: HeadsBase, tb: TargetBatch) -> tuple[Tensor, Tensor]:
+        """(the target's logits over ``logit_rows`` (B, T, R), its argmax (B, T) in target ids), from
+        either route: the reduced stored projection as it is, the online full logits cut down."""
+        if tb.logit_rows is not None or tb.top is not None:
+            assert tb.top is not None, "a reduced projection comes with its argmax (stored_logits)"
+            return tb.logits, tb.top
+        top = shift_left(tb.input_ids, 1) if self.opts.argmax_from == "data" else tb.logits.argmax(-1)
+        rows = self.logit_rows(heads)
+        return (tb.logits if rows is None else tb.logits[..., rows]), top
+
 
 class Eagle1Task(_EagleTask):
     """EAGLE-1: SmoothL1 on the next feature + 0.1 soft CE, uniform noise on the input features."""
@@ -181,6 +203,7 @@ class Eagle1Task(_EagleTask):
         heads = Eagle1Drafter.for_target(target, fc_bias=self.opts.fc_bias, draft_vocab=ids)
         if ids is not None:
             heads.metadata["draft_vocab"] = info | {"lm_head": "rows of the target's lm_head (decoding only)"}
+        self.check_data()
         return heads
 
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
@@ -188,8 +211,9 @@ class Eagle1Task(_EagleTask):
         g = torch.Generator(device=f.device).manual_seed(noise_seed(self.cfg.seed, step, tb.input_ids))
         u = torch.rand(f.shape, generator=g, device=f.device, dtype=torch.float32)
         noise = (u - 0.5) * self.opts.noise  # U(-noise/2, noise/2); the paper's U(-0.1, 0.1) at noise=0.2
-        return eagle1_loss(heads, tb.input_ids, f, tb.logits, tb.loss_mask, noise=noise,
-                           feature_weight=self.opts.feature_weight, ce_weight=self.opts.ce_weight)
+        logits, top = self.targets(heads, tb)
+        return eagle1_loss(heads, tb.input_ids, f, logits, tb.loss_mask, noise=noise,
+                           feature_weight=self.opts.feature_weight, ce_weight=self.opts.ce_weight, target_top=top)
 
 
 class Eagle3Task(_EagleTask):
@@ -213,23 +237,8 @@ class Eagle3Task(_EagleTask):
         heads.metadata["draft_vocab"] = info
         if self.opts.init_layer is not None:
             heads.metadata["init_from_target"] = init_from_target_layer(heads, target, self.opts.init_layer)
-        if self.opts.argmax_from == "data":
-            check_greedy_data(self.cfg.data)
+        self.check_data()
         return heads
-
-    def stored_logits(self, heads: HeadsBase, lm_head: nn.Module) -> StoredLogits:
-        """Offline, the loss reads the target's logits on the draft vocabulary's rows and its argmax:
-        project only those rows, and take the argmax as ``eagle.argmax_from`` says."""
-        return StoredLogits(lm_head, rows=heads.draft_token_ids(), top=self.opts.argmax_from)
-
-    def targets(self, heads: HeadsBase, tb: TargetBatch) -> tuple[Tensor, Tensor]:
-        """(logits over the draft vocabulary's rows (B, T, Vd), the target's argmax (B, T) in target ids),
-        from either route: the reduced stored projection as it is, the online full logits cut down."""
-        if tb.logit_rows is not None:
-            assert tb.top is not None, "a reduced projection comes with its argmax (stored_logits)"
-            return tb.logits, tb.top
-        top = shift_left(tb.input_ids, 1) if self.opts.argmax_from == "data" else tb.logits.argmax(-1)
-        return tb.logits[..., heads.draft_token_ids()], top
 
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
         stats = super().eval_stats(heads, tb)

@@ -179,10 +179,12 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
 
 def eagle1_loss(drafter: nn.Module, input_ids: Tensor, features: Tensor, target_logits: Tensor,
                 loss_mask: Tensor, noise: Tensor | None = None, feature_weight: float = 1.0,
-                ce_weight: float = 0.1) -> tuple[Tensor, dict[str, Tensor]]:
+                ce_weight: float = 0.1, target_top: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """EAGLE-1: SmoothL1(predicted f_{t+1}, f_{t+1}) + ce_weight * soft CE(target distribution at t+1).
 
-    features (B, T, H) final post-norm target states; target_logits (B, T, V); ``noise``
+    features (B, T, H) final post-norm target states; target_logits (B, T, V), or with
+    ``target_top`` (B, T) (the target's argmax, which only the accuracy metric reads) over just
+    the draft vocabulary's rows, in draft order, for a drafter that has one; ``noise``
     (B, T, H) is added to the input features only (the paper's U(-0.1, 0.1)); the caller draws
     it so its randomness is explicit. The CE runs on the trained positions only, and a drafter
     with a draft vocabulary scores it there (the target's distribution renormalised on it, as
@@ -198,10 +200,11 @@ def eagle1_loss(drafter: nn.Module, input_ids: Tensor, features: Tensor, target_
     target_feat = shift_left(features, 1).float()  # (B, T, H) f_{t+1}
     fl = F.smooth_l1_loss(pred.float(), target_feat, reduction="none").mean(-1)  # (B, T)
     feat_loss = (fl * valid).sum() / n
-    tl = shift_left(target_logits, 1)[valid].float()  # (N, V)
-    target_top = tl.argmax(-1)  # (N,) target ids
+    tl = shift_left(target_logits, 1)[valid].float()  # (N, V), or (N, Vd) with target_top
+    reduced = target_top is not None and getattr(drafter, "has_draft_vocab", False)
+    target_top = (tl.argmax(-1) if target_top is None else shift_left(target_top, 1)[valid])  # (N,) target ids
     if getattr(drafter, "has_draft_vocab", False):
-        tl = tl[:, drafter.draft_token_ids()]  # (N, Vd)
+        tl = tl if reduced else tl[:, drafter.draft_token_ids()]  # (N, Vd)
         logits = drafter.draft_logits(pred[valid])  # (N, Vd)
         top = drafter.draft_to_target_ids(logits.detach().argmax(-1))  # (N,)
     else:
