@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The real-target numbers in the README: SmolLM2-135M-Instruct end to end on 2 CPU cores.
 #
-#   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa; eagle3-3k: all of chat:train
+#   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa; eagle3-3k: all of chat:train;
+#                                                      # eagle3-3k-e3: the same, 3 epochs in about the time of 2
 #
 # Every step is cached or resumable, so rerunning after an interruption continues where it stopped:
 #   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)

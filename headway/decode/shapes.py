@@ -404,7 +404,8 @@ def parse_shape(spec: str) -> TreeShape:
             paths = json.loads(spec[7:])
             if not isinstance(paths, list) or not paths or not all(isinstance(p, list) and p for p in paths):
                 raise ValueError("expected a non-empty JSON list of rank paths, e.g. static:[[0],[0,0],[1]]")
-            return StaticShape([tuple(p) for p in paths])
+            # named by its compact spec, so reports tell two static trees apart and it reads back
+            return StaticShape([tuple(p) for p in paths], name="static:" + json.dumps(paths, separators=(",", ":")))
         if spec.startswith("dynamic"):
             if not re.fullmatch(r"dynamic(-\d+){0,3}", spec):
                 raise ValueError("expected dynamic-TOPK-DEPTH-TOTAL with whole numbers, e.g. dynamic-8-6-48")
