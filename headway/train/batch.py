@@ -10,6 +10,7 @@ only its lm_head on the stored ``final`` state when logits are needed.
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -148,8 +149,8 @@ class StoredLogits:
         """The same projection with the argmax from the logits (evaluation measures against the target)."""
         if self.top != "data":
             return self
-        out = StoredLogits.__new__(StoredLogits)
-        out.__dict__.update(self.__dict__, top="logits")
+        out = copy.copy(self)  # shares the weights
+        out.top = "logits"
         return out
 
     def __call__(self, final: Tensor, next_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
