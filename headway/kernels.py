@@ -7,7 +7,10 @@ and 135 ms for 2 rows, while the same products computed weight-major (the weight
 operand, the rows as a few columns) take 63 ms and 61 ms. A tree verify of 2-5 tokens then costs
 what a 1-token forward did, which is what speculative decoding needs. On other CPUs and thread
 counts the winner differs (with 1 thread here ``F.linear`` wins at 1 row), so ``auto`` measures
-both on the model's own weights, per row count, and keeps the faster (``probe_plan``).
+both on the model's own weights, per row count, and keeps the faster (``probe_plan``). MKL's
+product is also uneven in the column count: with 1 thread here 3 columns cost ~1.2x what 4 do (a
+top-2 tree verifies 3 tokens), so the probe also times 3-8 rows at their own count, and keeps
+padding with zero rows up to the next power of two where that is faster.
 
 It changes no weights and no modeling code: ``weight_major(modules, plan)`` swaps the ``forward``
 of plain ``nn.Linear`` modules for the duration of a ``with`` block, then restores them. Results
@@ -32,23 +35,32 @@ from .target import LINEAR_KERNELS as KERNELS  # the config choices (target.py s
 # row buckets: a linear over n rows uses the choice of the first bucket bound >= n; past the last
 # bound (prefill, wide trees) it stays stock: measured here, the two kernels draw level at 32+ rows
 BUCKETS = (1, 2, 4, 8, 16)
+MAX_PAD = 8  # row counts up to this may run padded to the next power of two
 
 
-def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        width: int | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` computed as ``weight @ x.T`` (x: (..., in) -> (..., out)).
-    One row is padded to two: MKL's one-column path is the slow matrix-vector kernel."""
+    The rows are padded with zero rows to ``width`` columns where that is more (at least 2: MKL's
+    one-column path is the slow matrix-vector kernel); the padding's outputs are dropped."""
     rows = x.reshape(-1, x.shape[-1])  # (n, in)
     n = rows.shape[0]
-    cols = torch.cat([rows, rows]).t() if n == 1 else rows.t()  # (in, max(n, 2))
+    pad = max(width or 2, 2) - n
+    cols = (torch.cat([rows, rows.new_zeros(pad, rows.shape[1])]) if pad > 0 else rows).t()  # (in, n')
     out = torch.mm(weight, cols) if bias is None else torch.addmm(bias[:, None], weight, cols)  # (out, n')
     return out[:, :n].t().contiguous().reshape(*x.shape[:-1], weight.shape[0])
 
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """Which row buckets run weight-major (``BUCKETS[i]`` -> ``weight_major[i]``)."""
+    """Which row buckets run weight-major (``BUCKETS[i]`` -> ``weight_major[i]``), and at how many
+    columns: n rows run at ``widths[n - 1]`` (padded with zero rows; past the tuple, ``max(n, 2)``)."""
 
     weight_major: tuple[bool, ...] = (False,) * len(BUCKETS)
+    widths: tuple[int, ...] = ()
+
+    def width(self, rows: int) -> int:
+        return self.widths[rows - 1] if rows <= len(self.widths) else max(rows, 2)
 
     @classmethod
     def everywhere(cls) -> "LinearPlan":
@@ -70,7 +82,9 @@ class LinearPlan:
         if not on:
             return "stock"
         lows = {b: (BUCKETS[i - 1] + 1 if i else 1) for i, b in enumerate(BUCKETS)}
-        return "weight-major at " + ", ".join(f"{lows[b]}-{b}" if lows[b] != b else str(b) for b in on) + " rows"
+        text = "weight-major at " + ", ".join(f"{lows[b]}-{b}" if lows[b] != b else str(b) for b in on) + " rows"
+        padded = [f"{n} as {w}" for n, w in enumerate(self.widths, 1) if w > max(n, 2) and self.use(n)]
+        return text + (f" ({', '.join(padded)})" if padded else "")
 
 
 def plain_linears(*modules: nn.Module) -> list[nn.Linear]:
@@ -87,7 +101,7 @@ def plain_linears(*modules: nn.Module) -> list[nn.Linear]:
 def _forward(plan: LinearPlan):  # noqa: ANN202 - a bound forward for nn.Linear
     def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu" and plan.use(x.numel() // max(x.shape[-1], 1)):
-            return weight_major_linear(x, self.weight, self.bias)
+            return weight_major_linear(x, self.weight, self.bias, plan.width(x.numel() // x.shape[-1]))
         return F.linear(x, self.weight, self.bias)
     return forward
 
@@ -118,7 +132,8 @@ def weight_major(linears: Sequence[nn.Linear], plan: LinearPlan) -> contextlib.A
 
 
 def _time(linears: Sequence[nn.Linear], rows: int, kernel: str) -> float:
-    """One pass of every linear over ``rows`` random rows (each weight read once), in seconds."""
+    """One pass of every linear over ``rows`` random rows (each weight read once), in seconds
+    (weight-major: ``rows`` columns)."""
     xs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     t0 = time.perf_counter()
     for m in linears:
@@ -132,23 +147,32 @@ def _time(linears: Sequence[nn.Linear], rows: int, kernel: str) -> float:
 
 @torch.inference_mode()
 def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05) -> LinearPlan:
-    """Time both kernels on these (CPU) linears at each bucket's row count, with the current
-    thread count, alternating them so that a noisy moment hits both; weight-major where its best
-    time is ``margin`` faster. 2 x 5 x reps passes over the weights (~2 s for a 135M model on
-    2 cores)."""
+    """Time both kernels on these (CPU) linears with the current thread count, interleaved so that
+    a noisy moment hits both: stock at each bucket's row count, weight-major at 2..``MAX_PAD``
+    columns and at the last bucket's. n rows run padded to the next power of two where that is
+    ``margin`` faster than n columns (only that width: a noisy probe of many widths would pick far
+    ones); a bucket runs weight-major where that is ``margin`` faster than stock at its bound.
+    13 x reps passes over the weights (~3 s for a 135M model on 2 cores)."""
     cpu = [m for m in linears if m.weight.device.type == "cpu"]
     if not cpu:
         return LinearPlan()
     _time(cpu, 2, "stock")  # warm-up: pages, kernel selection
     _time(cpu, 2, "weight-major")
-    picks = []
-    for rows in BUCKETS:
-        stock = wm = float("inf")
-        for _ in range(reps):
-            stock = min(stock, _time(cpu, rows, "stock"))
-            wm = min(wm, _time(cpu, rows, "weight-major"))
-        picks.append(wm * (1 + margin) < stock)
-    return LinearPlan(tuple(picks))
+    stock = dict.fromkeys(BUCKETS, float("inf"))
+    wm = dict.fromkeys((*range(2, MAX_PAD + 1), BUCKETS[-1]), float("inf"))
+    for _ in range(reps):
+        for rows in sorted({*stock, *wm}):
+            if rows in stock:
+                stock[rows] = min(stock[rows], _time(cpu, rows, "stock"))
+            if rows in wm:
+                wm[rows] = min(wm[rows], _time(cpu, rows, "weight-major"))
+    widths = []
+    for n in range(1, MAX_PAD + 1):
+        own, wide = max(n, 2), max(2, 1 << (n - 1).bit_length())
+        widths.append(wide if wm[wide] * (1 + margin) < wm[own] else own)
+    plan = LinearPlan(widths=tuple(widths))
+    picks = tuple(wm[plan.width(b)] * (1 + margin) < stock[b] for b in BUCKETS)
+    return LinearPlan(picks, plan.widths)
 
 
 # plans probed per target module and thread count, shared by every decoder on that target (so the

@@ -17,11 +17,12 @@ from headway.testing import tiny_target
 
 @pytest.mark.parametrize("shape", [(1, 24), (2, 24), (7, 24), (1, 1, 24), (2, 5, 24), (3, 1, 24)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_weight_major_equals_f_linear(shape, bias):
+@pytest.mark.parametrize("width", [None, 4, 8])  # padded with zero rows where that is more than the rows
+def test_weight_major_equals_f_linear(shape, bias, width):
     torch.manual_seed(0)
     lin = nn.Linear(24, 40, bias=bias)
     x = torch.randn(shape)
-    got = weight_major_linear(x, lin.weight, lin.bias)
+    got = weight_major_linear(x, lin.weight, lin.bias, width)
     assert got.shape == (*shape[:-1], 40) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
 
@@ -33,6 +34,24 @@ def test_plan_buckets_by_hand():
     assert plan.describe() == "weight-major at 2, 3-4, 9-16 rows"
     assert LinearPlan().describe() == "stock" and not LinearPlan().active
     assert LinearPlan.everywhere().use(16) and not LinearPlan.everywhere().use(17)  # prefill stays stock
+    padded = LinearPlan((False, True, True, False, False), widths=(2, 2, 4, 4, 8))
+    assert [padded.width(n) for n in (1, 2, 3, 4, 5, 6, 9)] == [2, 2, 4, 4, 8, 6, 9]  # past the tuple: its own
+    assert padded.describe() == "weight-major at 2, 3-4 rows (3 as 4)"  # 5 as 8 runs stock: not named
+
+
+def test_linears_run_at_the_plans_width(monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
+    seen = []
+    real = kernels.weight_major_linear
+    monkeypatch.setattr(kernels, "weight_major_linear",
+                        lambda x, w, b=None, width=None: seen.append(width) or real(x, w, b, width))
+    x = torch.randn(1, 3, 8)
+    stock = [model(x[:, :n]) for n in (3, 2, 1)]
+    with weight_major(plain_linears(model), LinearPlan((True,) * len(BUCKETS), widths=(4, 2, 4))):
+        for n, want in zip((3, 2, 1), stock):
+            torch.testing.assert_close(model(x[:, :n]), want, rtol=1e-5, atol=1e-6)
+    assert seen == [4, 4, 2, 2, 4, 4]  # each of the two linears at its row count's width
 
 
 class Scaled(nn.Linear):  # a Linear subclass (LoRA, quantised layers) keeps its own forward
@@ -65,19 +84,27 @@ def test_context_swaps_plain_linears_only_and_restores_them(monkeypatch):
 
 
 def test_probe_picks_the_faster_kernel_per_bucket(monkeypatch):
-    """The decision, with a fake clock: weight-major at 2 and 8 rows (faster by more than the
-    margin), stock at 1 (slower), 4 (within the margin) and 16 (equal)."""
-    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 3.0, 16: 4.0},
-            "weight-major": {1: 1.5, 2: 1.0, 4: 1.95, 8: 2.0, 16: 4.0}}
-    monkeypatch.setattr(kernels, "_time", lambda linears, rows, kernel: cost[kernel].get(rows, 1.0))
+    """The decision, with a fake clock. Widths: 3 rows run as 4 (faster by more than the margin), 5
+    and 6 at their own count (8 is within the margin, or slower), 7 as 8, 1 as 2; never another width
+    than the next power of two (2 columns are the fastest of all here). Buckets: weight-major at 2 and
+    3-4 (faster), stock at 1 (slower), 5-8 (within the margin) and 16 (equal)."""
+    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.05, 16: 4.0},
+            "weight-major": {2: 1.0, 3: 1.5, 4: 1.2, 5: 2.0, 6: 1.9, 7: 2.1, 8: 1.96, 16: 4.0}}
+    timed = []
+    monkeypatch.setattr(kernels, "_time", lambda linears, rows, kernel: timed.append((kernel, rows))
+                        or cost[kernel][rows])
     plan = probe_plan([nn.Linear(4, 4)], margin=0.05)
-    assert plan.weight_major == (False, True, False, True, False)
+    assert plan.widths == (2, 2, 4, 4, 5, 6, 8, 8)
+    assert plan.weight_major == (False, True, True, False, False)
+    assert plan.describe() == "weight-major at 2, 3-4 rows (3 as 4)"  # 7 as 8 runs stock: not named
+    assert len(timed) == 2 + 2 * 13  # warm-up, then each of the 5 stock and 8 weight-major passes twice
     assert probe_plan([]) == LinearPlan()  # nothing on the CPU: stock
 
 
 def test_probe_on_real_weights_returns_a_plan():
     plan = probe_plan(plain_linears(nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64))), reps=1)
     assert isinstance(plan, LinearPlan) and len(plan.weight_major) == len(BUCKETS)
+    assert len(plan.widths) == kernels.MAX_PAD and all(w >= max(n, 2) for n, w in enumerate(plan.widths, 1))
 
 
 def test_linear_kernels_choices(monkeypatch):
@@ -121,7 +148,8 @@ def test_batched_decoding_runs_weight_major(monkeypatch):
     spec = Speculator(model, tok, make_heads("eagle3", model), tree="chain-2", linear_kernel="weight-major")
     seen = []
     real = kernels.weight_major_linear
-    monkeypatch.setattr(kernels, "weight_major_linear", lambda x, w, b=None: seen.append(1) or real(x, w, b))
+    monkeypatch.setattr(kernels, "weight_major_linear",
+                        lambda x, w, b=None, width=None: seen.append(1) or real(x, w, b, width))
     ps = prompts(tok, n=3)
     out = spec.generate_batch(ps, max_new_tokens=8)
     assert seen and [r.ids for r in out.rows] == [reference(model, p, 8) for p in ps]
@@ -138,7 +166,8 @@ def test_distill_hf_engine_writes_the_same_rows_weight_major(llama_dir, tmp_path
     stock = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "stock", linear_kernel="stock")))
     seen = []
     real = kernels.weight_major_linear
-    monkeypatch.setattr(kernels, "weight_major_linear", lambda x, w, b=None: seen.append(1) or real(x, w, b))
+    monkeypatch.setattr(kernels, "weight_major_linear",
+                        lambda x, w, b=None, width=None: seen.append(1) or real(x, w, b, width))
     wm = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "wm", linear_kernel="weight-major")))
     assert seen and wm["input_ids"] == stock["input_ids"] and wm["loss_mask"] == stock["loss_mask"]
     assert "linear_kernel" not in (tmp_path / "wm" / "headway_distill.json").read_text()
