@@ -55,7 +55,7 @@ for kind in "${KINDS[@]}"; do
     [[ -f "$final/config.json" ]] || { echo "no heads at $final" >&2; exit 1; }
     # the tree is chosen on other prompts than the ones the bench times
     [[ -z "${SKIP_TRAIN:-}" ]] && hw tune --target smollm2 --heads "$final" --prompts "$TUNE_PROMPTS" \
-        --num_prompts 6 --max_new_tokens 64
+        --num_prompts 6 --max_new_tokens 64 --temperatures 0 1  # a tree for each: they differ here
     HEADS+=("$final")
 done
 mkdir -p "$OUT"

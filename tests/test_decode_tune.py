@@ -50,12 +50,17 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         assert lines and lines[-1].split()[1] == f"{runs}/{runs}" and all("runs/s" in x and "ETA" in x for x in lines)
         runs = report["side_by_side"]
         assert set(runs) == {"0.0", "1.0"} or set(runs) == {0.0, 1.0} or len(runs) == 2
-        means = {n: sum(r[n]["tokens_per_s"] for r in runs.values()) / len(runs) for n in next(iter(runs.values()))}
-        assert report["chosen"] == max(means, key=means.get)  # the fastest measured tree wins
+        greedy, sampled = ({n: r["tokens_per_s"] for n, r in runs[t].items()} for t in sorted(runs, key=float))
+        assert report["chosen"] == max(greedy, key=greedy.get)  # the fastest measured tree at T=0 wins ...
+        assert report["sampling_chosen"] == max(sampled, key=sampled.get)  # ... and the fastest at T=1 above 0
         assert len(report["acceptance"]) == 3 and all(0 <= a <= 1 for row in report["acceptance"] for a in row)
-        assert json.loads((hdir / "config.json").read_text())["metadata"]["decode"]["tree"] == report["tree"]
+        stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
+        assert stored["tree"] == report["tree"]
+        assert stored.get("sampling_tree", report["tree"]) == report["sampling_tree"]  # written only where it differs
         spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
-        assert shape_spec(spec.tree) == shape_spec(spec._default_tree(report["tree"], spec.new_proposer()))
+        assert shape_spec(spec.tree_for(0.0)) == shape_spec(spec._default_tree(report["tree"], spec.new_proposer()))
+        assert shape_spec(spec.tree_for(1.0)) == shape_spec(spec._default_tree(report["sampling_tree"],
+                                                                                spec.new_proposer()))
 
 
 def test_tune_cli_bad_heads_path_is_one_line_error(capsys, llama_dir):
@@ -93,3 +98,44 @@ def test_tune_measures_every_chain_and_stores_fitted_calibration(tmp_path, llama
     assert meta["calibration"]["temperature_by_depth"] == temps and "summary" not in meta["calibration"]
     assert meta["calibration"]["fitted_on"] == str(data)
     assert Speculator.from_pretrained(str(llama_dir), str(hdir)).new_proposer().temperatures == temps
+
+
+def test_tune_keeps_a_tree_per_temperature_and_decoders_use_each(tmp_path, llama_dir, monkeypatch):
+    """With a fake clock where chain-2 is fastest at T=0 and chain-1 at T=1, tune stores both
+    (``tree`` / ``sampling_tree``); generate (``from_pretrained``) and bench draft each at its
+    temperature, and an explicit tree still serves both. Tuned at T=0 alone, one tree is stored."""
+    from headway.bench import tune as tune_mod
+    from headway.bench.configs import BenchConfig
+    from headway.bench.run import headway_methods
+    from headway.target import load_target
+
+    model, tok = load_target(str(llama_dir))
+    torch.manual_seed(0)
+    hdir = Eagle1Drafter.for_target(model).save_pretrained(tmp_path / "eagle1")
+    fast = {0.0: "chain-2", 1.0: "chain-1"}
+
+    def fake_runs(spec, shapes, prompts, max_new, temperature, repeats, progress=None):
+        return {n: {"tokens_per_s": 10.0 + (n == fast[temperature]), "tau": 1.0} for n in shapes}
+
+    monkeypatch.setattr(tune_mod, "run_side_by_side", fake_runs)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": sample_texts(2_000)[0][:200]}) + "\n")
+    cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=1, max_new_tokens=4,
+                     probe_depth=2, probe_rank=2, sizes=[2], finalists=1, repeats=1, temperatures=[0.0, 1.0])
+    report = tune(cfg, log=lambda m: None)
+    assert (report["chosen"], report["sampling_chosen"]) == ("chain-2", "chain-1")
+    stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
+    assert (stored["tree"], stored["sampling_tree"]) == ("chain-2", "chain-1")
+    spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
+    assert (spec.tree_for(0.0).depth, spec.tree_for(0.7).depth) == (2, 1)
+    assert Speculator.from_pretrained(str(llama_dir), str(hdir), tree="chain-3").tree_for(1.0).depth == 3
+    methods = headway_methods(model, tok, BenchConfig(target=str(llama_dir), heads=[str(hdir)]))
+    assert [methods[0].label_at(t)[:2] for t in (0.0, 1.0)] == [("eagle1[chain-2]", "chain-2"),
+                                                                 ("eagle1[chain-1]", "chain-1")]
+    forced = headway_methods(model, tok, BenchConfig(target=str(llama_dir), heads=[str(hdir)], tree=["chain-3"]))
+    assert forced[0].label_at(1.0)[1] == "chain-3"
+
+    tune(TuneConfig(**{**cfg.__dict__, "temperatures": [0.0]}), log=lambda m: None)  # T=0 only: one tree
+    stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
+    assert stored["tree"] == "chain-2" and "sampling_tree" not in stored
+    assert Speculator.from_pretrained(str(llama_dir), str(hdir)).tree_for(1.0).depth == 2

@@ -33,8 +33,9 @@ class TuneConfig(DecodeTargetArgs):
     sizes: list[int] = opt(default_factory=lambda: [2, 4, 8, 12, 16, 24, 32, 48, 64],
                            help="tree sizes (non-root nodes) considered for measured static trees")
     finalists: int = opt(3, "predicted-best static trees that are run for real")
-    temperatures: list[float] = opt(default_factory=lambda: [0.0], help="temperatures the choice is made for "
-                                                                        "(the mean tokens/s decides)")
+    temperatures: list[float] = opt(default_factory=lambda: [0.0], help="temperatures the choice is made for: "
+                                    "T=0's fastest tree is stored, and with temperatures above 0 too, their "
+                                    "fastest (mean tokens/s) as the tree drafted when sampling")
     repeats: int = opt(2, "interleaved timing repeats")
     calibration_data: str | None = opt(None, "a distilled dataset or features folder of this target: fit the heads' "
                                              "draft calibration (temperature by depth) on it and store it with the "

@@ -164,11 +164,12 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
             raise ConfigError(f"heads '{path}' were trained with a LoRA adapter on the target (Medusa-2: "
                               f"{heads.metadata['adapter']}); pass --adapter PATH so that every method, the "
                               "baselines included, runs the same adapted target")
-        stored = (heads.metadata.get("decode") or {}).get("tree")
-        for tree in cfg.tree or [stored]:
+        stored = heads.metadata.get("decode") or {}
+        for tree in cfg.tree or [stored.get("tree")]:
+            sampling = None if cfg.tree else stored.get("sampling_tree")  # tuned above T=0 too (else: tree)
             for mode in cfg.calibration:
-                method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, calibrate=mode == "on",
-                                                  **cfg.runtime_kwargs()),
+                method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, sampling_tree=sampling,
+                                                  calibrate=mode == "on", **cfg.runtime_kwargs()),
                                        str(path))
                 if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
                     continue  # the same drafts as the calibrated run: one row is enough

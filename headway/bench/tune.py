@@ -9,7 +9,9 @@ dynamic trees of the same budgets and every chain up to the probe depth side by 
 prompts and keep the fastest (so never a tree slower than the best chain there). Dynamic trees
 rank nodes with the heads' draft calibration (``metadata["calibration"]``; ``calibration_data``
 fits it first). The result is stored with the heads (``metadata["decode"]``) and ``generate``
-uses it by default.
+uses it by default. Tuned at 0 and at a temperature above, each gets its own winner: the fastest
+tree differs (on SmolLM2, three candidates at depth 1 at T=0, a chain of sampled drafts at T=1),
+stored as ``tree`` and ``sampling_tree``.
 """
 
 from __future__ import annotations
@@ -251,9 +253,16 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
         for t in cfg.temperatures:
             results[t] = run_side_by_side(spec, shapes, prompts, cfg.max_new_tokens, t, cfg.repeats, progress)
     score = {n: statistics.mean(results[t][n]["tokens_per_s"] for t in cfg.temperatures) for n in shapes}
-    winner = max(score, key=score.get)  # among measured candidates that include every chain
+    greedy, sampled = [t for t in cfg.temperatures if t <= 0], [t for t in cfg.temperatures if t > 0]
+
+    def fastest(temps: list[float]) -> str:  # among measured candidates that include every chain
+        return max(shapes, key=lambda n: statistics.mean(results[t][n]["tokens_per_s"] for t in temps))
+
+    winner = fastest(greedy or sampled)  # T=0's tree; the mean's when tuned only above 0
+    sampling = fastest(sampled) if greedy and sampled else winner
     best_chain = max((n for n in shapes if n.startswith("chain-")), key=score.get)
-    report = {"chosen": winner, "tree": shape_spec(shapes[winner]), "acceptance": acc,
+    report = {"chosen": winner, "tree": shape_spec(shapes[winner]),
+              "sampling_chosen": sampling, "sampling_tree": shape_spec(shapes[sampling]), "acceptance": acc,
               "forward_cost_s": {str(k): v for k, v in cost.items()},
               "predicted_tokens_per_s": {k: v for k, (_, v) in candidates.items()},
               "side_by_side": {str(t): r for t, r in results.items()}, "mean_tokens_per_s": score,
@@ -273,9 +282,11 @@ def store_tree(heads_dir: Path, report: dict[str, Any]) -> None:
     """Record the tuned tree in the checkpoint's metadata (atomically) so generate uses it."""
     from ..heads.metadata import update_metadata
 
-    entries: dict[str, Any] = {"decode": {"tree": report["tree"], "chosen": report["chosen"], "device": report["device"],
-                                          "side_by_side": report["side_by_side"],
-                                          "calibrated": report.get("calibrated", False)}}
+    decode = {"tree": report["tree"], "chosen": report["chosen"], "device": report["device"],
+              "side_by_side": report["side_by_side"], "calibrated": report.get("calibrated", False)}
+    if report.get("sampling_tree", report["tree"]) != report["tree"]:  # else the tree serves both
+        decode.update(sampling_tree=report["sampling_tree"], sampling_chosen=report["sampling_chosen"])
+    entries: dict[str, Any] = {"decode": decode}
     if "calibration" in report:  # fitted by tune: the tree was chosen with it, so they go together
         entries["calibration"] = {k: v for k, v in report["calibration"].items() if k != "summary"}
     update_metadata(heads_dir, entries)
@@ -286,17 +297,21 @@ def tune_cli(cfg: TuneConfig) -> int:
     from rich.table import Table
 
     report = tune(cfg)
-    table = Table(title=f"tree tuning ({report['device']}); chosen: {report['chosen']}")
+    chosen = report["chosen"] + (f" (T=0), {report['sampling_chosen']} (T>0)"
+                                 if report.get("sampling_chosen", report["chosen"]) != report["chosen"] else "")
+    table = Table(title=f"tree tuning ({report['device']}); chosen: {chosen}",
+                  caption="* the stored tree" + (", + the stored tree above T=0" if "(T>0)" in chosen else ""))
     table.add_column("tree")
     for t in report["side_by_side"]:
         table.add_column(f"tok/s T={t}", justify="right")
         table.add_column(f"tau T={t}", justify="right")
     for name in next(iter(report["side_by_side"].values())):
-        row = [name + (" *" if name == report["chosen"] else "")]
+        mark = " *" if name == report["chosen"] else " +" if name == report.get("sampling_chosen") else ""
+        row = [name + mark]
         for r in report["side_by_side"].values():
             row += [f"{r[name]['tokens_per_s']:.1f}", f"{r[name]['tau']:.2f}"]
         table.add_row(*row)
     Console().print(table)
     if cfg.write:
-        print(f"stored in {Path(cfg.heads) / 'config.json'}: generate will use tree {report['chosen']}")
+        print(f"stored in {Path(cfg.heads) / 'config.json'}: generate will use tree {chosen}")
     return 0

@@ -126,7 +126,7 @@ class Speculator:
                         calibrate: bool = True, device_map: str | dict[str, Any] | None = None,
                         attn_implementation: str | None = None, heads_dtype: str | torch.dtype | None = "auto",
                         static_cache: bool = False, compile: bool = False,
-                        linear_kernel: str = "auto") -> "Speculator":
+                        linear_kernel: str = "auto", sampling_tree: TreeShape | str | None = None) -> "Speculator":
         """``adapter``: a PEFT adapter merged into a target given by name; by default the one the heads
         checkpoint names (Medusa-2 heads are trained on an adapted target, which is the one whose
         output they reproduce). A target given as a model object is used as it is. ``device_map``,
@@ -151,10 +151,12 @@ class Speculator:
             heads = load_heads(heads, target=target)
         else:
             heads.attach(target)
-        if tree is None:
-            tree = (heads.metadata.get("decode") or {}).get("tree")
-        spec = cls(target, tokenizer, heads, tree, max_depth, typical, calibrate=calibrate, heads_dtype=heads_dtype,
-                   static_cache=static_cache, compile=compile, linear_kernel=linear_kernel)
+        if tree is None:  # the tuned trees: one for both, or T=0's and the one above
+            stored = heads.metadata.get("decode") or {}
+            tree, sampling_tree = stored.get("tree"), sampling_tree or stored.get("sampling_tree")
+        spec = cls(target, tokenizer, heads, tree, max_depth, typical, sampling_tree=sampling_tree,
+                   calibrate=calibrate, heads_dtype=heads_dtype, static_cache=static_cache, compile=compile,
+                   linear_kernel=linear_kernel)
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
