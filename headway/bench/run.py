@@ -165,8 +165,10 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
                               f"{heads.metadata['adapter']}); pass --adapter PATH so that every method, the "
                               "baselines included, runs the same adapted target")
         stored = heads.metadata.get("decode") or {}
-        for tree in cfg.tree or [stored.get("tree")]:
-            sampling = None if cfg.tree else stored.get("sampling_tree")  # tuned above T=0 too (else: tree)
+        for tree in cfg.tree or ["stored"]:
+            sampling = None  # a tree given by name is drafted at every temperature
+            if tree == "stored":  # tuned: T=0's tree, and the one above 0 where it differs
+                tree, sampling = stored.get("tree"), stored.get("sampling_tree")
             for mode in cfg.calibration:
                 method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, sampling_tree=sampling,
                                                   calibrate=mode == "on", **cfg.runtime_kwargs()),
