@@ -23,7 +23,7 @@ class GenerateConfig(DecodeTargetArgs):
     seed: int | None = opt(None, "random seed for sampling")
     tree: str | None = opt(None, "tree shape: chain-N, mc_sim_7b_63, static:[[0],[0,0]], dynamic[-K-DEPTH-TOTAL] "
                                  "(at most 64 deep, 1024 nodes, K <= 64); default: the tuned tree stored with "
-                                 "the heads, else a kind default")
+                                 "the heads for this temperature, else a kind default")
     calibrate: bool = opt(True, CALIBRATE_HELP)
     stop: list[str] = opt(default_factory=list, help="stop strings")
     stream: bool = opt(False, "print tokens as they are accepted")
