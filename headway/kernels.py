@@ -100,8 +100,9 @@ def plain_linears(*modules: nn.Module) -> list[nn.Linear]:
 
 def _forward(plan: LinearPlan):  # noqa: ANN202 - a bound forward for nn.Linear
     def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and plan.use(x.numel() // max(x.shape[-1], 1)):
-            return weight_major_linear(x, self.weight, self.bias, plan.width(x.numel() // x.shape[-1]))
+        rows = x.numel() // max(x.shape[-1], 1)
+        if x.device.type == "cpu" and plan.use(rows):
+            return weight_major_linear(x, self.weight, self.bias, plan.width(rows))
         return F.linear(x, self.weight, self.bias)
     return forward
 
