@@ -10,7 +10,7 @@ prompts and keep the fastest (so never a tree slower than the best chain there).
 rank nodes with the heads' draft calibration (``metadata["calibration"]``; ``calibration_data``
 fits it first). The result is stored with the heads (``metadata["decode"]``) and ``generate``
 uses it by default. Tuned at 0 and at a temperature above, each gets its own winner: the fastest
-tree differs (on SmolLM2, three candidates at depth 1 at T=0, a chain of sampled drafts at T=1),
+tree differs (on SmolLM2, two candidates at depth 1 at T=0, a chain of sampled drafts at T=1),
 stored as ``tree`` and ``sampling_tree``.
 """
 
