@@ -132,7 +132,8 @@ def test_tune_keeps_a_tree_per_temperature_and_decoders_use_each(tmp_path, llama
     methods = headway_methods(model, tok, BenchConfig(target=str(llama_dir), heads=[str(hdir)]))
     assert [methods[0].label_at(t)[:2] for t in (0.0, 1.0)] == [("eagle1[chain-2]", "chain-2"),
                                                                  ("eagle1[chain-1]", "chain-1")]
-    both = headway_methods(model, tok, BenchConfig(target=str(llama_dir), heads=[str(hdir)], tree=["chain-3", "stored"]))
+    both = headway_methods(model, tok, BenchConfig(target=str(llama_dir), heads=[str(hdir)],
+                                                   tree=["chain-3", "stored"]))
     assert [m.label_at(1.0)[1] for m in both] == ["chain-3", "chain-1"]  # a named tree at every temperature
     assert both[1].label_at(0.0)[1] == "chain-2"
 
