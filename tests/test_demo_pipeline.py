@@ -8,10 +8,11 @@ from headway.demo.pipeline import CONFIGS, DemoConfig, recipe, train_config
 from headway.errors import HeadwayError
 
 
-def fake_target(tmp_path, layers: int):
+def fake_target(tmp_path, layers: int, vocab: int = 8192):
     folder = tmp_path / f"target-{layers}"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": layers}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": layers,
+                                                    "vocab_size": vocab}))
     return folder
 
 
@@ -39,6 +40,9 @@ def test_each_kind_trains_with_its_recipe(tmp_path):
 
 
 def test_quick_runs_keep_the_recipe_but_fit_a_shallow_target(tmp_path):
-    quick = train_config(DemoConfig(quick=True), "eagle3", fake_target(tmp_path, 4), tmp_path / "d", tmp_path / "o")
-    assert quick.max_steps == 60 and quick.eagle.draft_vocab_size == 2048
+    """--quick's tiny target (4 layers, 1,024 tokens): the recipe's aux layers and 2,048-token draft
+    vocabulary do not fit it (the regression: `make demo DEMO_ARGS=--quick` failed in EAGLE-3's build)."""
+    tiny = fake_target(tmp_path, 4, vocab=1024)
+    quick = train_config(DemoConfig(quick=True), "eagle3", tiny, tmp_path / "d", tmp_path / "o")
+    assert quick.max_steps == 60 and quick.eagle.draft_vocab_size == 256  # a quarter, as the recipe's 2048 of 8192
     assert quick.eagle.aux_layers == []  # [2, 4, 5] names layers a 4-layer target lacks: the default instead

@@ -119,7 +119,9 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
 
 def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path) -> Any:
     """The kind's demo recipe, pointed at this run's target, data and folder. EAGLE-3's recipe names
-    aux layers of the 8-layer demo target; a shallower target (--quick's tiny one) gets the default."""
+    aux layers of the 8-layer demo target and a draft vocabulary of a quarter of its 8,192 tokens; a
+    shallower target (--quick's tiny one) gets the default layers, and a smaller vocabulary a quarter
+    of its own."""
     from ..target import load_config_only
     from ..train.config import TrainConfig
 
@@ -129,9 +131,13 @@ def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path
     if steps is not None:
         overrides["max_steps"] = steps
     tc = load_config(TrainConfig, recipe(f"demo-{kind}.yaml"), overrides)
-    layers = getattr(load_config_only(str(target), None, False), "num_hidden_layers", None)
+    target_cfg = load_config_only(str(target), None, False)
+    layers = getattr(target_cfg, "num_hidden_layers", None)
     if tc.eagle.aux_layers and layers is not None and max(tc.eagle.aux_layers) >= layers:
         tc.eagle.aux_layers = []  # the default for this depth
+    vocab = getattr(target_cfg, "vocab_size", None)
+    if tc.eagle.draft_vocab_size and vocab is not None and tc.eagle.draft_vocab_size > vocab:
+        tc.eagle.draft_vocab_size = max(1, vocab // 4)  # the recipe's share of this vocabulary
     return tc
 
 
@@ -154,7 +160,7 @@ tau is tokens emitted per target forward (1.0 = no speedup possible); speedup is
 plain HF greedy generate; exact = share of temperature-0 generations identical token for token to
 HF greedy (headway's decoder must show 100%). The demo target is small and its greedy output
 repeats itself, so compare tau with its repetition rate; teacher-forced accuracy in each heads'
-model card (runs/demo/<kind>/final/README.md) is the more realistic acceptance figure.
+model card ({run}/<kind>/final/README.md) is the more realistic acceptance figure.
 Artifacts: {run}"""
 
 
