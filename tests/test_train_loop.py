@@ -101,6 +101,24 @@ def test_loss_goes_down_on_learnable_data(setup, tmp_path):
     assert curve[-1] < 0.8 * curve[0]
 
 
+@pytest.mark.parametrize("stop_after", [None, 3])
+def test_the_prepared_objects_are_released_before_the_process_group_goes(setup, tmp_path, monkeypatch, stop_after):
+    # under DDP the prepared module's reducer owns the process group: freed after end_training
+    # destroyed the group it would tear gloo down with the GIL held (a rare hang at exit)
+    from accelerate import Accelerator
+
+    seen = []
+    real = Accelerator.end_training
+
+    def end_training(self):
+        seen.append((list(self._models), list(self._optimizers), list(self._dataloaders)))
+        real(self)
+
+    monkeypatch.setattr(Accelerator, "end_training", end_training)
+    train(config(setup, tmp_path / "run", max_steps=4, stop_after=stop_after))
+    assert seen == [([], [], [])]
+
+
 def test_resume_reproduces_the_uninterrupted_loss_curve(setup, tmp_path):
     kw = {"grad_accum": 2, "max_steps": 6, "eval_fraction": 0.0, "save_every": 2}
     full = tmp_path / "full"

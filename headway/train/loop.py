@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import json
 import math
 import os
@@ -954,7 +955,7 @@ def finish(run: TrainRun) -> Path:
     if step < run.steps:  # stopped early on purpose (stop_after): resumable, no final heads
         run.log.write({"event": "stopped", "step": step}, text=f"stopped after step {step}; resume with "
                                                                "resume_from=latest")
-        acc.end_training()
+        end_run(run)
         return run.out / "checkpoints" / f"checkpoint-{step}"
     if run.ev_loader is not None:
         log_eval(run)
@@ -972,8 +973,21 @@ def finish(run: TrainRun) -> Path:
                    "tokens_per_s": tps},
                   text=f"done: {run.tokens_seen} tokens in {run.train_time:.1f}s ({tps:,.0f} tok/s); "
                        f"heads saved to {final}")
-    acc.end_training()
+    end_run(run)
     return final
+
+
+def end_run(run: TrainRun) -> None:
+    """accelerate's ``end_training`` (trackers finish, the process group is destroyed), once nothing
+    holds the DDP wrapper any more. Its reducer owns a reference to the process group: freed after
+    the group was destroyed, it is the group's last owner and tears gloo down with the GIL held, which
+    can deadlock against a gloo thread still releasing the last barrier's work (a rare hang after
+    "done", seen in two-process runs). Freed first, the group outlives it and goes down cleanly."""
+    run.module = run.inner
+    run.optimizer = run.scheduler = run.batches = None
+    run.accelerator.free_memory()
+    gc.collect()
+    run.accelerator.end_training()
 
 
 def whole_heads(run: TrainRun) -> Any:
