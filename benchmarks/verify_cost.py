@@ -1,7 +1,8 @@
 """Where the speculative verify forward's extra cost comes from: stock-model forwards of 1, 2 and 8 query
 tokens over a cached prefix, with and without headway's 4D mask and hidden states (CPU), with the
-stock linears (F.linear), with headway's weight-major ones (``headway.kernels``) and with those padded
-to the next power of two of columns (the width ``auto`` may pick per row count).
+stock linears (F.linear), with headway's weight-major ones (``headway.kernels``), with those padded
+to the next power of two of columns (the width ``auto`` may pick per row count) and with headway's
+native few-row kernel (``headway.native``, built on first use).
 
     python benchmarks/verify_cost.py [TARGET_DIR [THREADS]]    # default: the cached smollm2 target, 2
 """
@@ -41,9 +42,9 @@ def run(n_new, mask, hidden, reps=12):
             t = time.perf_counter(); model(**kw); ts.append(time.perf_counter() - t)
     ts.sort(); return 1000 * ts[len(ts) // 2]
 linears = plain_linears(model)
-padded = LinearPlan(LinearPlan.everywhere().weight_major, widths=(2, 2, 4, 4, 8, 8, 8, 8))  # n rows as 2^k
+padded = LinearPlan(LinearPlan.everywhere().kernels, widths=(2, 2, 4, 4, 8, 8, 8, 8))  # n rows as 2^k
 print(f"{torch.get_num_threads()} threads; median of 12 forwards")
-print(f"{'forward':28s} {'F.linear':>9s} {'weight-major':>13s} {'padded':>10s}")
+print(f"{'forward':28s} {'F.linear':>9s} {'weight-major':>13s} {'padded':>10s} {'native':>10s}")
 for name, args in [("1 tok, plain", (1, False, False)), ("1 tok, hidden", (1, False, True)),
                    ("2 tok, plain", (2, False, False)), ("2 tok, 4D mask", (2, True, False)),
                    ("2 tok, 4D mask + hidden", (2, True, True)), ("3 tok, 4D mask + hidden", (3, True, True)),
@@ -54,4 +55,6 @@ for name, args in [("1 tok, plain", (1, False, False)), ("1 tok, hidden", (1, Fa
         wm = run(*args)
     with weight_major(linears, padded):
         pad = run(*args)
-    print(f"{name:28s} {stock:6.1f} ms {wm:10.1f} ms {pad:7.1f} ms")
+    with weight_major(linears, LinearPlan.everywhere("native")):
+        nat = run(*args)
+    print(f"{name:28s} {stock:6.1f} ms {wm:10.1f} ms {pad:7.1f} ms {nat:7.1f} ms")

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import native
 from .target import LINEAR_KERNELS as KERNELS  # the config choices (target.py stays light for --help)
 # row buckets: a linear over n rows uses the choice of the first bucket bound >= n; past the last
 # bound (prefill, wide trees) it stays stock: measured here, the two kernels draw level at 32+ rows
@@ -51,40 +52,51 @@ def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return out[:, :n].t().contiguous().reshape(*x.shape[:-1], weight.shape[0])
 
 
+STOCK, WEIGHT_MAJOR, NATIVE = "stock", "weight-major", "native"
+
+
 @dataclass(frozen=True)
 class LinearPlan:
-    """Which row buckets run weight-major (``BUCKETS[i]`` -> ``weight_major[i]``), and at how many
-    columns: n rows run at ``widths[n - 1]`` (padded with zero rows; past the tuple, ``max(n, 2)``)."""
+    """Which kernel each row bucket runs (``BUCKETS[i]`` -> ``kernels[i]``: stock, weight-major or
+    native), and at how many columns weight-major runs: n rows at ``widths[n - 1]`` (padded with
+    zero rows; past the tuple, ``max(n, 2)``)."""
 
-    weight_major: tuple[bool, ...] = (False,) * len(BUCKETS)
+    kernels: tuple[str, ...] = (STOCK,) * len(BUCKETS)
     widths: tuple[int, ...] = ()
 
     def width(self, rows: int) -> int:
         return self.widths[rows - 1] if rows <= len(self.widths) else max(rows, 2)
 
     @classmethod
-    def everywhere(cls) -> "LinearPlan":
-        return cls((True,) * len(BUCKETS))
+    def everywhere(cls, kernel: str = WEIGHT_MAJOR) -> "LinearPlan":
+        return cls((kernel,) * len(BUCKETS))
+
+    def kernel(self, rows: int) -> str:
+        for bound, name in zip(BUCKETS, self.kernels):
+            if rows <= bound:
+                return name
+        return STOCK
 
     def use(self, rows: int) -> bool:
-        for bound, on in zip(BUCKETS, self.weight_major):
-            if rows <= bound:
-                return on
-        return False
+        """Whether ``rows`` rows run weight-major."""
+        return self.kernel(rows) == WEIGHT_MAJOR
 
     @property
     def active(self) -> bool:
-        return any(self.weight_major)
+        return any(k != STOCK for k in self.kernels)
 
     def describe(self) -> str:
-        """e.g. ``weight-major at 2-64 rows`` / ``stock``."""
-        on = [b for b, w in zip(BUCKETS, self.weight_major) if w]
-        if not on:
-            return "stock"
+        """e.g. ``weight-major at 2, 3-4 rows (3 as 4); native at 5-8 rows`` / ``stock``."""
         lows = {b: (BUCKETS[i - 1] + 1 if i else 1) for i, b in enumerate(BUCKETS)}
-        text = "weight-major at " + ", ".join(f"{lows[b]}-{b}" if lows[b] != b else str(b) for b in on) + " rows"
-        padded = [f"{n} as {w}" for n, w in enumerate(self.widths, 1) if w > max(n, 2) and self.use(n)]
-        return text + (f" ({', '.join(padded)})" if padded else "")
+        parts = []
+        for name in dict.fromkeys(k for k in self.kernels if k != STOCK):
+            on = [b for b, k in zip(BUCKETS, self.kernels) if k == name]
+            text = f"{name} at " + ", ".join(f"{lows[b]}-{b}" if lows[b] != b else str(b) for b in on) + " rows"
+            if name == WEIGHT_MAJOR:
+                padded = [f"{n} as {w}" for n, w in enumerate(self.widths, 1) if w > max(n, 2) and self.use(n)]
+                text += f" ({', '.join(padded)})" if padded else ""
+            parts.append(text)
+        return "; ".join(parts) or STOCK
 
 
 def plain_linears(*modules: nn.Module) -> list[nn.Linear]:
@@ -101,8 +113,12 @@ def plain_linears(*modules: nn.Module) -> list[nn.Linear]:
 def _forward(plan: LinearPlan):  # noqa: ANN202 - a bound forward for nn.Linear
     def forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(x.shape[-1], 1)
-        if x.device.type == "cpu" and plan.use(rows):
-            return weight_major_linear(x, self.weight, self.bias, plan.width(rows))
+        if x.device.type == "cpu":
+            kernel = plan.kernel(rows)
+            if kernel == WEIGHT_MAJOR:
+                return weight_major_linear(x, self.weight, self.bias, plan.width(rows))
+            if kernel == NATIVE and native.fits(x, self.weight):  # else (bf16, autograd): stock
+                return native.native_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
     return forward
 
@@ -128,13 +144,14 @@ def swapped(forwards: Sequence[tuple[nn.Linear, Callable[..., Any]]]) -> Iterato
 
 
 def weight_major(linears: Sequence[nn.Linear], plan: LinearPlan) -> contextlib.AbstractContextManager[None]:
-    """Within the block, these linears run weight-major at the plan's row counts; restored after."""
+    """Within the block, these linears run the plan's kernel at each row count; restored after."""
     return swapped(bound_forwards(linears, plan))
 
 
 def _time(linears: Sequence[nn.Linear], rows: int, kernel: str) -> float:
     """One pass of every linear over ``rows`` random rows (each weight read once), in seconds
     (weight-major: ``rows`` columns)."""
+    product = {STOCK: F.linear, WEIGHT_MAJOR: weight_major_linear, NATIVE: native.native_linear}[kernel]
     xs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
     t0 = time.perf_counter()
     for m in linears:
@@ -142,38 +159,50 @@ def _time(linears: Sequence[nn.Linear], rows: int, kernel: str) -> float:
         x = xs.get((w.shape[1], w.dtype))
         if x is None:
             x = xs[w.shape[1], w.dtype] = torch.randn(rows, w.shape[1], dtype=w.dtype)
-        weight_major_linear(x, w, m.bias) if kernel == "weight-major" else F.linear(x, w, m.bias)
+        product(x, w, m.bias)
     return time.perf_counter() - t0
 
 
 @torch.inference_mode()
-def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05) -> LinearPlan:
-    """Time both kernels on these (CPU) linears with the current thread count, interleaved so that
-    a noisy moment hits both: stock at each bucket's row count, weight-major at 2..``MAX_PAD``
-    columns and at the last bucket's. n rows run padded to the next power of two where that is
-    ``margin`` faster than n columns (only that width: a noisy probe of many widths would pick far
-    ones); a bucket runs weight-major where that is ``margin`` faster than stock at its bound.
-    13 x reps passes over the weights (~3 s for a 135M model on 2 cores)."""
+def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05,
+               with_native: bool | None = None) -> LinearPlan:
+    """Time the kernels on these (CPU) linears with the current thread count, interleaved so that
+    a noisy moment hits each: stock and native at each bucket's row count, weight-major at
+    2..``MAX_PAD`` columns and at the last bucket's. n rows run weight-major padded to the next
+    power of two where that is ``margin`` faster than n columns (only that width: a noisy probe of
+    many widths would pick far ones). A bucket runs the faster of weight-major and native where
+    that is ``margin`` faster than stock at its bound. Native is timed where it builds here and the
+    weights are float32 (``with_native`` forces either way). 13 x reps passes over the weights
+    (~3 s for a 135M model on 2 cores), 5 x reps more with native."""
     cpu = [m for m in linears if m.weight.device.type == "cpu"]
     if not cpu:
         return LinearPlan()
-    _time(cpu, 2, "stock")  # warm-up: pages, kernel selection
-    _time(cpu, 2, "weight-major")
-    stock = dict.fromkeys(BUCKETS, float("inf"))
-    wm = dict.fromkeys((*range(2, MAX_PAD + 1), BUCKETS[-1]), float("inf"))
+    if with_native is None:
+        with_native = all(m.weight.dtype == torch.float32 for m in cpu) and native.native_kernel()[0]
+    _time(cpu, 2, STOCK)  # warm-up: pages, kernel selection
+    _time(cpu, 2, WEIGHT_MAJOR)
+    times = {STOCK: dict.fromkeys(BUCKETS, float("inf")),
+             WEIGHT_MAJOR: dict.fromkeys((*range(2, MAX_PAD + 1), BUCKETS[-1]), float("inf"))}
+    if with_native:
+        _time(cpu, 2, NATIVE)
+        times[NATIVE] = dict.fromkeys(BUCKETS, float("inf"))
     for _ in range(reps):
-        for rows in sorted({*stock, *wm}):
-            if rows in stock:
-                stock[rows] = min(stock[rows], _time(cpu, rows, "stock"))
-            if rows in wm:
-                wm[rows] = min(wm[rows], _time(cpu, rows, "weight-major"))
+        for rows in sorted({r for t in times.values() for r in t}):
+            for kernel, t in times.items():
+                if rows in t:
+                    t[rows] = min(t[rows], _time(cpu, rows, kernel))
+    wm = times[WEIGHT_MAJOR]
     widths = []
     for n in range(1, MAX_PAD + 1):
         own, wide = max(n, 2), max(2, 1 << (n - 1).bit_length())
         widths.append(wide if wm[wide] * (1 + margin) < wm[own] else own)
     plan = LinearPlan(widths=tuple(widths))
-    picks = tuple(wm[plan.width(b)] * (1 + margin) < stock[b] for b in BUCKETS)
-    return LinearPlan(picks, plan.widths)
+    picks = []
+    for b in BUCKETS:
+        others = {WEIGHT_MAJOR: wm[plan.width(b)], **({NATIVE: times[NATIVE][b]} if with_native else {})}
+        best = min(others, key=others.__getitem__)
+        picks.append(best if others[best] * (1 + margin) < times[STOCK][b] else STOCK)
+    return LinearPlan(tuple(picks), plan.widths)
 
 
 # plans probed per target module and thread count, shared by every decoder on that target (so the
@@ -182,13 +211,16 @@ _PLANS: "weakref.WeakKeyDictionary[nn.Module, dict[int, LinearPlan]]" = weakref.
 
 
 class LinearKernels:
-    """A decoder's choice of linear kernel (``stock``, ``weight-major`` or ``auto``) for the
-    target's and the drafter's linears; ``auto`` probes on the target's weights (they dominate the
-    cost), once per target and thread count, on first use."""
+    """A decoder's choice of linear kernel (``stock``, ``weight-major``, ``native`` or ``auto``) for
+    the target's and the drafter's linears; ``auto`` probes on the target's weights (they dominate
+    the cost), once per target and thread count, on first use. ``native`` is refused at once where
+    the native kernel cannot be built, saying why."""
 
     def __init__(self, kernel: str, target: nn.Module, *drafters: nn.Module) -> None:
         if kernel not in KERNELS:
             raise ValueError(f"unknown linear kernel '{kernel}'; use one of {', '.join(KERNELS)}")
+        if kernel == NATIVE:
+            native.require_native()
         self.kernel = kernel
         self.target = target
         self.linears = plain_linears(target, *drafters) if kernel != "stock" else []
@@ -197,8 +229,8 @@ class LinearKernels:
     def plan(self) -> LinearPlan:
         if self.kernel == "stock" or not self.linears:
             return LinearPlan()
-        if self.kernel == "weight-major":
-            return LinearPlan.everywhere()
+        if self.kernel in (WEIGHT_MAJOR, NATIVE):
+            return LinearPlan.everywhere(self.kernel)
         plans = _PLANS.setdefault(self.target, {})
         threads = torch.get_num_threads()
         if threads not in plans:

@@ -29,7 +29,7 @@ TARGET_DTYPES = ("float32", "bfloat16", "float16")
 # ``auto``: the model's own dtype (config ``dtype`` / ``torch_dtype``) on CUDA, float32 on CPU.
 DTYPE_CHOICES = (*TARGET_DTYPES, "auto")
 HEADS_DTYPES = ("auto", *TARGET_DTYPES)  # auto: the target's dtype
-LINEAR_KERNELS = ("auto", "stock", "weight-major")  # headway.kernels
+LINEAR_KERNELS = ("auto", "stock", "weight-major", "native")  # headway.kernels
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Spellings load_target also takes from Python callers (the CLI offers TARGET_DTYPES only).
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -114,9 +114,10 @@ class DecodeTargetArgs(TargetArgs):
     compile: bool = opt(False, "torch.compile the target's verify forward and the drafter step (minutes of "
                                "compilation on first use; pays off on GPUs; implies --static-cache)")
 
-    linear_kernel: str = opt("auto", "CPU kernel of the decoder's few-row linears: auto = measure F.linear against "
-                                     "the weight-major product (W @ x.T) on the models' weights and keep the faster per "
-                                     "row count; stock = F.linear; weight-major = always (output unchanged)",
+    linear_kernel: str = opt("auto", "CPU kernel of the decoder's few-row linears: auto = measure F.linear, the "
+                                     "weight-major product (W @ x.T) and headway's native kernel (built on first use "
+                                     "where a C++ compiler is) on the models' weights and keep the fastest per row "
+                                     "count; stock = F.linear; weight-major / native = always (output unchanged)",
                              choices=LINEAR_KERNELS)
 
     def runtime_kwargs(self) -> dict[str, Any]:

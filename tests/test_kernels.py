@@ -14,6 +14,8 @@ from headway.kernels import BUCKETS, LinearKernels, LinearPlan, plain_linears, p
     weight_major_linear
 from headway.testing import tiny_target
 
+S, W, N = "stock", "weight-major", "native"
+
 
 @pytest.mark.parametrize("shape", [(1, 24), (2, 24), (7, 24), (1, 1, 24), (2, 5, 24), (3, 1, 24)])
 @pytest.mark.parametrize("bias", [True, False])
@@ -28,13 +30,17 @@ def test_weight_major_equals_f_linear(shape, bias, width):
 
 
 def test_plan_buckets_by_hand():
-    plan = LinearPlan((False, True, True, False, True))  # buckets 1 | 2 | 3-4 | 5-8 | 9-16
+    plan = LinearPlan((S, W, W, S, W))  # buckets 1 | 2 | 3-4 | 5-8 | 9-16
     assert [plan.use(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 500)] == \
         [False, True, True, True, False, False, True, True, False, False]
     assert plan.describe() == "weight-major at 2, 3-4, 9-16 rows"
+    mixed = LinearPlan((S, N, W, N, S), widths=(2, 2, 4))
+    assert [mixed.kernel(n) for n in (1, 2, 3, 4, 5, 8, 9, 17)] == [S, N, W, W, N, N, S, S]
+    assert mixed.describe() == "native at 2, 5-8 rows; weight-major at 3-4 rows (3 as 4)"
+    assert LinearPlan.everywhere(N).kernel(16) == N and LinearPlan.everywhere(N).kernel(17) == S
     assert LinearPlan().describe() == "stock" and not LinearPlan().active
     assert LinearPlan.everywhere().use(16) and not LinearPlan.everywhere().use(17)  # prefill stays stock
-    padded = LinearPlan((False, True, True, False, False), widths=(2, 2, 4, 4, 8))
+    padded = LinearPlan((S, W, W, S, S), widths=(2, 2, 4, 4, 8))
     assert [padded.width(n) for n in (1, 2, 3, 4, 5, 6, 9)] == [2, 2, 4, 4, 8, 6, 9]  # past the tuple: its own
     assert padded.describe() == "weight-major at 2, 3-4 rows (3 as 4)"  # 5 as 8 runs stock: not named
 
@@ -48,7 +54,7 @@ def test_linears_run_at_the_plans_width(monkeypatch):
                         lambda x, w, b=None, width=None: seen.append(width) or real(x, w, b, width))
     x = torch.randn(1, 3, 8)
     stock = [model(x[:, :n]) for n in (3, 2, 1)]
-    with weight_major(plain_linears(model), LinearPlan((True,) * len(BUCKETS), widths=(4, 2, 4))):
+    with weight_major(plain_linears(model), LinearPlan((W,) * len(BUCKETS), widths=(4, 2, 4))):
         for n, want in zip((3, 2, 1), stock):
             torch.testing.assert_close(model(x[:, :n]), want, rtol=1e-5, atol=1e-6)
     assert seen == [4, 4, 2, 2, 4, 4]  # each of the two linears at its row count's width
@@ -93,9 +99,9 @@ def test_probe_picks_the_faster_kernel_per_bucket(monkeypatch):
     timed = []
     monkeypatch.setattr(kernels, "_time", lambda linears, rows, kernel: timed.append((kernel, rows))
                         or cost[kernel][rows])
-    plan = probe_plan([nn.Linear(4, 4)], margin=0.05)
+    plan = probe_plan([nn.Linear(4, 4)], margin=0.05, with_native=False)
     assert plan.widths == (2, 2, 4, 4, 5, 6, 8, 8)
-    assert plan.weight_major == (False, True, True, False, False)
+    assert plan.kernels == (S, W, W, S, S)
     assert plan.describe() == "weight-major at 2, 3-4 rows (3 as 4)"  # 7 as 8 runs stock: not named
     assert len(timed) == 2 + 2 * 13  # warm-up, then each of the 5 stock and 8 weight-major passes twice
     assert probe_plan([]) == LinearPlan()  # nothing on the CPU: stock
@@ -103,7 +109,8 @@ def test_probe_picks_the_faster_kernel_per_bucket(monkeypatch):
 
 def test_probe_on_real_weights_returns_a_plan():
     plan = probe_plan(plain_linears(nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64))), reps=1)
-    assert isinstance(plan, LinearPlan) and len(plan.weight_major) == len(BUCKETS)
+    assert isinstance(plan, LinearPlan) and len(plan.kernels) == len(BUCKETS)
+    assert set(plan.kernels) <= {S, W, N}
     assert len(plan.widths) == kernels.MAX_PAD and all(w >= max(n, 2) for n, w in enumerate(plan.widths, 1))
 
 
@@ -111,7 +118,7 @@ def test_linear_kernels_choices(monkeypatch):
     model, drafter = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), nn.Linear(8, 8)
     probes = []
     monkeypatch.setattr(kernels, "probe_plan", lambda linears: probes.append(len(linears))
-                        or LinearPlan((True,) + (False,) * (len(BUCKETS) - 1)))
+                        or LinearPlan((W,) + (S,) * (len(BUCKETS) - 1)))
     assert LinearKernels("stock", model).plan() == LinearPlan() and LinearKernels("stock", model).linears == []
     assert LinearKernels("weight-major", model).plan() == LinearPlan.everywhere()
     auto = LinearKernels("auto", model, drafter)

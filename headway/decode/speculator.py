@@ -83,8 +83,9 @@ class Speculator:
         keep-accepted bookkeeping. ``compile``: torch.compile the target's verify forward and the
         heads' forward (in place); it implies ``static_cache`` (fixed shapes, few recompiles).
         ``linear_kernel`` (``headway.kernels``): how the few-row linears of decoding multiply on CPU;
-        ``auto`` measures ``F.linear`` against the weight-major product on the models' own weights
-        (once per thread count, on first use) and keeps the faster per row count; ``stock`` is
+        ``auto`` measures ``F.linear``, the weight-major product and the native kernel
+        (``headway.native``, where it builds) on the models' own weights (once per thread count, on
+        first use) and keeps the fastest per row count; ``stock`` is
         ``F.linear`` everywhere (and with ``compile``). Only the target's and the heads' forwards
         inside a generation see it."""
         from ..kernels import LinearKernels

@@ -1,0 +1,125 @@
+"""headway.native: the native few-row linear equals F.linear at every row count and shape, runs
+only where it fits, is picked by the probe where it is fastest, is refused by name where it cannot
+be built, and keeps tree decoding exact."""
+
+import platform
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_decode_exact import OracleProposer, make_heads, prompts, reference
+from torch import nn
+
+from headway import kernels, native
+from headway.decode import Speculator
+from headway.decode.proposers import make_proposer
+from headway.kernels import BUCKETS, LinearKernels, LinearPlan, plain_linears, probe_plan
+from headway.testing import tiny_target
+
+# on the machines CI runs on (x86-64 Linux with a C++ compiler) the kernel must build: a skip there
+# would hide a broken build
+BUILDABLE = platform.system() == "Linux" and bool(shutil.which("c++") or shutil.which("g++"))
+
+
+@pytest.fixture(scope="module")
+def built():
+    ok, why = native.native_kernel()
+    if not ok and not BUILDABLE:
+        pytest.skip(f"no native kernel here: {why}")
+    assert ok, why
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17])
+@pytest.mark.parametrize("dims", [(576, 40), (24, 7), (37, 33)])  # in/out: multiples of 16 or not
+def test_native_equals_f_linear(built, rows, dims):
+    torch.manual_seed(rows)
+    k, o = dims
+    x, w = torch.randn(rows, k), torch.randn(o, k)
+    got = native.native_linear(x, w)
+    assert got.shape == (rows, o) and got.is_contiguous()
+    torch.testing.assert_close(got, F.linear(x, w), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 24), (2, 5, 24), (3, 24)])
+def test_native_with_bias_and_batch_dims(built, shape):
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40)
+    x = torch.randn(shape)
+    torch.testing.assert_close(native.native_linear(x, lin.weight, lin.bias), F.linear(x, lin.weight, lin.bias),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_fits_only_float32_cpu_contiguous_without_grad():
+    x, w = torch.randn(2, 8), torch.randn(4, 8)
+    assert native.fits(x, w)
+    assert not native.fits(x.bfloat16(), w.bfloat16())
+    assert not native.fits(x, torch.randn(8, 4).t())  # a transposed view: not contiguous
+    assert not native.fits(x, w.requires_grad_())  # training: no backward here
+    with torch.no_grad():
+        assert native.fits(x, w)
+
+
+def test_plan_runs_native_where_it_says_and_stock_where_it_does_not_fit(built, monkeypatch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8))
+    calls = []
+    real = native.native_linear
+    monkeypatch.setattr(native, "native_linear", lambda x, w, b=None: calls.append(x.shape[-2]) or real(x, w, b))
+    x = torch.randn(1, 5, 16)
+    want = {n: model(x[:, :n]) for n in (1, 3, 5)}
+    plan = LinearPlan(("stock", "native", "weight-major", "native", "stock"))
+    with torch.no_grad(), kernels.weight_major(plain_linears(model), plan):
+        for n in (1, 3, 5):
+            torch.testing.assert_close(model(x[:, :n]), want[n], rtol=1e-5, atol=1e-6)
+        assert calls == [5, 5]  # 5 rows: native (both linears); 1: stock, 3: weight-major
+        model.bfloat16()
+        model(x[:, :5].bfloat16())
+        assert calls == [5, 5]  # bf16 weights run stock
+
+
+def test_probe_picks_native_where_it_is_fastest(monkeypatch):
+    """Fake clock: native wins at 1, 4 and 8 rows; weight-major at 2; stock at 16 (native within the
+    margin). Without native (a bf16 target, or no build) the same clock gives weight-major/stock."""
+    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0, 16: 4.0},
+            "weight-major": {2: 0.9, 3: 1.5, 4: 1.5, 5: 2.0, 6: 2.0, 7: 2.0, 8: 1.5, 16: 4.0},
+            "native": {1: 0.8, 2: 1.0, 4: 1.0, 8: 1.2, 16: 3.9}}
+    timed = []
+    monkeypatch.setattr(kernels, "_time", lambda linears, rows, kernel: timed.append((kernel, rows))
+                        or cost[kernel][rows])
+    plan = probe_plan([nn.Linear(4, 4)], margin=0.05, with_native=True)
+    assert plan.kernels == ("native", "weight-major", "native", "native", "stock")
+    assert plan.describe() == "native at 1, 3-4, 5-8 rows; weight-major at 2 rows"
+    assert len(timed) == 3 + 2 * (13 + 5)  # warm-ups, then 5 stock, 8 weight-major and 5 native passes, twice
+    assert probe_plan([nn.Linear(4, 4)], with_native=False).kernels == \
+        ("weight-major",) * 4 + ("stock",)  # 1 row runs as 2 columns
+    monkeypatch.setattr(native, "native_kernel", lambda: pytest.fail("a bf16 model must not build or time it"))
+    bf16 = nn.Linear(4, 4).bfloat16()
+    assert "native" not in probe_plan([bf16]).kernels
+
+
+def test_native_by_name_is_refused_where_it_cannot_be_built(monkeypatch):
+    monkeypatch.setattr(native, "_build", lambda: (None, "CalledProcessError: no compiler"))
+    with pytest.raises(native.NativeKernelError, match=r"cannot be built here \(CalledProcessError: no compiler\)"):
+        LinearKernels("native", nn.Linear(4, 4))
+    assert native.native_kernel() == (False, "CalledProcessError: no compiler")
+
+
+def test_the_environment_variable_turns_it_off(monkeypatch):
+    monkeypatch.setenv(native.ENV, "0")
+    native._build.cache_clear()
+    try:
+        assert native.native_kernel() == (False, f"disabled by {native.ENV}=0")
+    finally:
+        native._build.cache_clear()
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_tree_decoding_stays_exact_with_native_linears(built, kind):
+    model, tok = tiny_target("llama")
+    spec = Speculator(model, tok, make_heads(kind, model), tree="chain-3", linear_kernel="native")
+    assert spec.kernels.plan().kernels == ("native",) * len(BUCKETS)
+    for p in prompts(tok, n=4):
+        ref = reference(model, p, 16)
+        spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), model.config.vocab_size)
+        assert spec.generate(p, max_new_tokens=16).ids == ref
