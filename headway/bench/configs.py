@@ -83,7 +83,8 @@ class BenchConfig(DecodeTargetArgs):
                                     "non-demo target without an assistant model; "
                                     "hf-weight-major / hf-prompt-lookup-weight-major: HF generate / prompt lookup "
                                     "with the decoder's --linear-kernel choice (what the kernel gains apart from "
-                                    "the drafts)",
+                                    "the drafts; named for the first such kernel, they run whichever the choice "
+                                    "picks, native included)",
                                default_factory=lambda: ["hf-assisted", "hf-prompt-lookup"])
     assistant: str | None = opt(None, "draft model for HF assisted generation (same tokenizer as the target), or "
                                       "none to skip that baseline; default for the demo target: the same recipe "
