@@ -1,4 +1,4 @@
-"""A faster CPU matmul for the few-row linears of decoding: ``W @ x.T`` instead of ``x @ W.T``.
+"""Faster CPU matmuls for the few-row linears of decoding, chosen per row count by measurement.
 
 Decoding multiplies a handful of rows (1 token, a draft tree of 2-32 nodes, a drafter level) by
 every weight matrix. With PyTorch's CPU wheel (MKL) ``F.linear`` on such inputs can be far from
@@ -10,7 +10,9 @@ counts the winner differs (with 1 thread here ``F.linear`` wins at 1 row), so ``
 both on the model's own weights, per row count, and keeps the faster (``probe_plan``). MKL's
 product is also uneven in the column count: with 1 thread here 3 columns cost ~1.2x what 4 do (a
 top-2 tree verifies 3 tokens), so the probe also times 3-8 rows at their own count, and keeps
-padding with zero rows up to the next power of two where that is faster.
+padding with zero rows up to the next power of two where that is faster. A third kernel,
+headway's own (``headway.native``, C++ built on first use), streams each weight once for up to 8
+rows and keeps 1-8 rows at about one row's cost; ``auto`` probes it too where it builds.
 
 It changes no weights and no modeling code: ``weight_major(modules, plan)`` swaps the ``forward``
 of plain ``nn.Linear`` modules for the duration of a ``with`` block, then restores them. Results
@@ -178,7 +180,8 @@ def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05
     if not cpu:
         return LinearPlan()
     if with_native is None:
-        with_native = all(m.weight.dtype == torch.float32 for m in cpu) and native.native_kernel()[0]
+        with_native = (all(m.weight.dtype == torch.float32 and m.weight.is_contiguous() for m in cpu)
+                       and native.native_kernel()[0])
     _time(cpu, 2, STOCK)  # warm-up: pages, kernel selection
     _time(cpu, 2, WEIGHT_MAJOR)
     times = {STOCK: dict.fromkeys(BUCKETS, float("inf")),
