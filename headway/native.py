@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -61,7 +62,13 @@ def _build() -> tuple[Any, str]:
         if not _cached(f"headway_fewrow_{tag}"):
             print("headway: building the native few-row linear kernel (once per machine, ~30 s)...",
                   file=sys.stderr, flush=True)
-        module = load(name=f"headway_fewrow_{tag}", sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+        log = logging.getLogger("torch.utils.cpp_extension")  # its compiler-ABI warnings: the failure says enough
+        level = log.level
+        log.setLevel(logging.ERROR)
+        try:
+            module = load(name=f"headway_fewrow_{tag}", sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+        finally:
+            log.setLevel(level)
     except Exception as exc:  # noqa: BLE001 - any build failure means "not available here"
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         return None, f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
@@ -99,8 +106,8 @@ def require_native() -> None:
     """Build the kernel or raise NativeKernelError saying why it cannot be."""
     ok, why = native_kernel()
     if not ok:
-        raise NativeKernelError(f"the native linear kernel cannot be built here ({why}); use --linear-kernel auto "
-                                "or weight-major")
+        raise NativeKernelError(f"the native linear kernel cannot be built here ({why}); it needs a C++ compiler "
+                                "(g++ or clang++) and ninja; use --linear-kernel auto or weight-major")
 
 
 def native_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
