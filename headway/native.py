@@ -1,12 +1,12 @@
 """headway's native few-row linear (``headway/csrc/fewrow.cpp``), built on first use.
 
 A tree verify multiplies 2-8 rows by every weight of the target. On CPUs that product is bound by
-reading the weights, yet PyTorch's kernels make a second row cost more: on one core of a 2-core
-AMD EPYC (AVX-512 machine), SmolLM2-135M's 211 linears took 38 ms for 1 row with ``F.linear``,
-63 ms for 2 rows; weight-major (``W @ x.T``) 34 / 34 / 44 / 37 ms for 1-4 rows. The native kernel
-streams each block of weight rows once for all rows, with a software prefetch ahead of the
-stream, and took 25 / 21 / 26 / 28 / 29 ms for 1 / 2 / 3 / 4 / 8 rows: a verify of 8 tokens costs
-less than the stock one-token forward.
+reading the weights, yet PyTorch's kernels make each extra row cost more. The native kernel streams
+each block of weight rows once for all rows, with a software prefetch ahead of the stream. On one
+thread of a 2-core AMD EPYC with AVX-512 (the kernel built for AVX2), SmolLM2-135M's 211 linears
+took, for 1 / 2 / 4 / 8 / 16 rows: ``F.linear`` 35.5 / 61.0 / 53.4 / 64.4 / 87.7 ms, native
+18.9 / 21.2 / 21.8 / 30.0 / 58.7 ms. A verify of 8 tokens then costs less than the stock one-token
+forward.
 
 It is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~30 s of CPU once,
 cached by torch under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Where it cannot

@@ -5,7 +5,7 @@
 // is streamed once and multiplied against all N input rows (R*N accumulators in registers), with a
 // software prefetch a few KB ahead in each streamed row. Without the prefetch, the extra FMAs of a
 // second row crowd the loads out of the CPU's window and a 2-row product costs ~1.2-1.4x a 1-row
-// one; with it, 1-8 rows cost about the same (measured on two AMD EPYC machines: see
+// one; with it, 1-4 rows cost about one row's time and 8 rows ~1.6x (a 2-core AMD EPYC: see
 // headway/native.py). GCC/Clang vector extensions: AVX2+FMA where built with -mavx2 -mfma, the
 // compiler's best elsewhere. Threads: ATen's intra-op pool, over blocks of 16 output rows.
 #include <torch/extension.h>
