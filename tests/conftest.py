@@ -38,3 +38,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def native_kernel_built():
+    """Build headway's native kernel (cached per machine) before any test runs: a first build inside
+    a CLI test's subprocess, some of which time out after 2 minutes, would count against that test."""
+    from headway import native
+
+    native.native_kernel()
