@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The real-target numbers in the README: SmolLM2-135M-Instruct end to end on 2 CPU cores.
 #
-#   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa; eagle3-3k: all of chat:train;
-#                                                      # eagle3-3k-e3: the same, 3 epochs in about the time of 2
+#   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa; eagle3 trains on all
+#                                                      # 3,108 chat:train answers, eagle1 and medusa on 1,536
 #
 # Every step is cached or resumable, so rerunning after an interruption continues where it stopped:
 #   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)
-#   -> features (configs/features-smollm2.yaml, ~15 min) -> train each kind offline
-#   -> (eagle3-3k: distill-smollm2-more.yaml, features-smollm2-more.yaml, merge; ~45 min more)
+#   -> features (configs/features-smollm2.yaml, 4 min with native bf16, ~15 without)
+#   -> (any eagle3 kind: distill-smollm2-more.yaml, features-smollm2-more.yaml, merge; ~20 min more)
+#   -> train each kind offline
 #   -> tune (tree choice on chat:dev) -> bench on held-out prompts of other task
 #      families (chat:heldout), T=0 and T=1, at 1 and 2 threads. HF generate and prompt lookup also run
 #      with the decoder's linear kernel (hf-weight-major, hf-prompt-lookup-weight-major), so the table
@@ -40,7 +41,7 @@ if [[ -z "${SKIP_TRAIN:-}" ]]; then
     # shellcheck disable=SC2086
     hw distill --config configs/distill-smollm2-heldout.yaml ${DISTILL_ARGS:-}  # evaluation rows, other task families
     hw features --config configs/features-smollm2-heldout.yaml
-    if [[ " ${KINDS[*]} " == *-3k* ]]; then  # the other 1,572 chat:train prompts, merged with the first run's
+    if [[ " ${KINDS[*]} " == *" eagle3"* ]]; then  # the other 1,572 chat:train prompts, merged with the first run's
         # shellcheck disable=SC2086
         hw distill --config configs/distill-smollm2-more.yaml ${DISTILL_ARGS:-}
         hw features --config configs/features-smollm2-more.yaml

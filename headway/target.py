@@ -77,7 +77,8 @@ class TargetArgs:
     dtype: str = opt("float32", "dtype the target runs in (exact output is promised in float32); auto: the "
                                 "model's own dtype (its config's) on CUDA, float32 on CPU (bf16 single-token "
                                 "decode is slower than fp32 on CPUs without native bf16 matmul; distill's batched "
-                                "generation takes bf16 on a CPU measured faster in bf16)",
+                                "generation and features' batched forward take bf16 on a CPU measured faster in "
+                                "bf16)",
                      choices=DTYPE_CHOICES)
     device: str | None = opt(None, "device (default: the process's accelerate device under `accelerate launch`, "
                                    "else cuda if available, else cpu)")

@@ -115,6 +115,22 @@ def test_interrupted_features_resume_and_refuse_other_settings(distilled, tmp_pa
     assert m["complete"] and m["bytes_per_token"] > 0
 
 
+def test_auto_dtype_follows_the_cpu_and_a_resume_elsewhere_is_refused(distilled, tmp_path, monkeypatch):
+    from headway.hardware import ENV
+
+    monkeypatch.setenv(ENV, "1")  # a CPU with native bf16: auto runs the target in bf16, and records so
+    fast = features(fcfg(distilled, tmp_path / "fast", dtype="auto"))
+    m = json.loads((fast / "features.json").read_text())
+    assert m["settings"]["dtype"] == "bfloat16"
+    as_bf16 = FeatureStore(features(fcfg(distilled, tmp_path / "bf16", dtype="bfloat16")))
+    assert all(torch.equal(FeatureStore(fast)[0][k], v) for k, v in as_bf16[0].items())
+    monkeypatch.setenv(ENV, "0")  # the same folder resumed on a CPU without: its auto is float32, refused by name
+    with pytest.raises(ResumeMismatchError, match="dtype"):
+        features(fcfg(distilled, tmp_path / "fast", dtype="auto", overwrite=False))
+    slow = features(fcfg(distilled, tmp_path / "slow", dtype="auto"))
+    assert json.loads((slow / "features.json").read_text())["settings"]["dtype"] == "float32"
+
+
 def test_layer_specs():
     assert parse_layers(["final"], 32) == ["final"]
     assert parse_layers(["eagle3"], 32) == [2, 16, 29] == eagle3_layers(32)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -165,7 +165,7 @@ def features(cfg: FeaturesConfig) -> Path:
 
 def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
     from ..target import TargetInfo, load_target
-    from .distill import MANIFEST as DISTILL_MANIFEST, load_distilled, output_lock, prepare_output
+    from .distill import MANIFEST as DISTILL_MANIFEST, generation_dtype, load_distilled, output_lock, prepare_output
     from .progress import TokenProgress, console
     from .runtime import processes
     from ..target import resolve_target_path
@@ -177,6 +177,9 @@ def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
         ds = ds.select(range(min(cfg.limit, len(ds))))
     target, revision = dataset_target(data_path, DISTILL_MANIFEST, cfg)
     procs = processes(cfg.device)
+    # auto takes bf16 where this CPU runs it natively (a batched forward, like distill's): the resolved
+    # dtype is what the settings record, so a resume elsewhere cannot mix dtypes in one folder
+    cfg = replace(cfg, dtype=generation_dtype(cfg.dtype, procs.device))
     if procs.is_main:
         hold.enter_context(output_lock(out))
         prepare_output(out, cfg.overwrite, MANIFEST)
