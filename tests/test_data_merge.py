@@ -3,6 +3,7 @@ shards linked, mismatches refused with both values named, and training reads a m
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -97,6 +98,10 @@ def test_training_reads_merged_features(parts, llama_dir, tmp_path):
     meta = json.loads((final / "config.json").read_text())["metadata"]
     assert meta["training"]["features"] == str(out) and meta["training"]["train_rows"] == 6  # 8 rows, 2 held out
     assert meta["draft_vocab"]["size"] == 32
+    moved = tmp_path / "moved"  # renamed: its manifest names a dataset that is gone; data= names the copy inside
+    out.rename(moved)
+    again = train(replace(cfg, features=str(moved), data=str(moved / "dataset"), output_dir=str(tmp_path / "run2")))
+    assert json.loads((again / "config.json").read_text())["metadata"]["draft_vocab"]["size"] == 32
 
 
 def test_cli_takes_every_input(parts, tmp_path, capsys):

@@ -157,7 +157,8 @@ def check_features_config(cfg: TrainConfig) -> None:
     if cfg.data and not same_dataset(cfg.data, settings):
         raise TrainError(f"data={cfg.data} but features {cfg.features} were made from {dataset}; leave data empty "
                          "(the features' dataset is used) or make features of this data")
-    if cfg.kind == "eagle3" and cfg.eagle.draft_vocab_size and not Path(dataset).expanduser().exists():
+    # a moved features folder records its old dataset path: data= names the copy the vocabulary is counted on
+    if cfg.kind == "eagle3" and cfg.eagle.draft_vocab_size and not cfg.data and not Path(dataset).expanduser().exists():
         raise TrainError(f"EAGLE-3's draft vocabulary is counted on the features' dataset {dataset}, which is not "
                          "there; set data=PATH to a copy of it")
 
