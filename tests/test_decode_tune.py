@@ -6,7 +6,7 @@ from headway.cli import main
 from headway.decode import Speculator
 from headway.decode.shapes import StaticShape, chain
 from headway.bench.methods import tree_spec
-from headway.bench.tune import TuneConfig, expected_accepted, interpolate, pick, shape_spec, tune
+from headway.bench.tune import TuneConfig, expected_accepted, interpolate, shape_spec, tune
 from headway.decode.shapes import parse_shape
 from headway.heads import Eagle1Drafter, MedusaHeads
 from headway.testing import sample_texts
@@ -43,7 +43,7 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(3)))
         cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=3,
                          max_new_tokens=12, probe_depth=3, probe_rank=3, sizes=[2, 4], finalists=1, repeats=1,
-                         temperatures=[0.0, 1.0], json_out=str(tmp_path / "tune.json"), tie_margin=0.0)
+                         temperatures=[0.0, 1.0], json_out=str(tmp_path / "tune.json"))
         report = tune(cfg, log=lambda m: None)
         lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("tune: ")]  # not a terminal
         runs = 2 * 3 * len(report["mean_tokens_per_s"])  # temperatures x prompts x trees
@@ -84,8 +84,7 @@ def test_tune_measures_every_chain_and_stores_fitted_calibration(tmp_path, llama
     text = sample_texts(20_000)[0]
     prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(2)))
     cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=2, max_new_tokens=8,
-                     probe_depth=3, probe_rank=2, sizes=[2, 4], finalists=1, repeats=1, calibration_data=str(data),
-                     tie_margin=0.0)
+                     probe_depth=3, probe_rank=2, sizes=[2, 4], finalists=1, repeats=1, calibration_data=str(data))
     report = tune(cfg, log=lambda m: None)
     speed = report["mean_tokens_per_s"]
     assert {"chain-1", "chain-2", "chain-3"} <= set(speed) and any(n.startswith("dynamic-") for n in speed)
@@ -142,39 +141,3 @@ def test_tune_keeps_a_tree_per_temperature_and_decoders_use_each(tmp_path, llama
     stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
     assert stored["tree"] == "chain-2" and "sampling_tree" not in stored
     assert Speculator.from_pretrained(str(llama_dir), str(hdir)).tree_for(1.0).depth == 2
-
-
-def test_a_near_tie_goes_to_the_smaller_tree():
-    size = {"chain-1": 2, "chain-2": 3, "measured-4": 5}
-    assert pick({"chain-1": 32.8, "chain-2": 33.0, "measured-4": 30.0}, size, 0.05) == "chain-1"  # 0.6% apart
-    assert pick({"chain-1": 32.3, "chain-2": 35.2, "measured-4": 34.4}, size, 0.05) == "chain-2"  # 8% apart
-    assert pick({"chain-1": 32.8, "chain-2": 33.0, "measured-4": 30.0}, size, 0.0) == "chain-2"  # 0: the fastest
-    assert pick({"chain-2": 33.0, "measured-4": 33.0}, size, 0.0) == "chain-2"  # an exact tie: the smaller
-
-
-def test_tune_stores_the_smaller_tree_of_a_near_tie(tmp_path, llama_dir, monkeypatch):
-    """A fake clock: at T=0 chain-2 is 10% faster than chain-1 and is stored; at T=1 it is 1% faster,
-    within the default margin, so chain-1 is stored for sampling; with tie_margin=0 chain-2 is."""
-    from headway.bench import tune as tune_mod
-    from headway.target import load_target
-
-    model, _ = load_target(str(llama_dir))
-    torch.manual_seed(0)
-    hdir = Eagle1Drafter.for_target(model).save_pretrained(tmp_path / "eagle1")
-    gain = {0.0: 1.10, 1.0: 1.01}
-
-    def fake_runs(spec, shapes, prompts, max_new, temperature, repeats, progress=None):
-        def speed(n):  # every tree but the two chains is slower than both, beyond the margin
-            return 10.0 * gain[temperature] if n == "chain-2" else 10.0 if n == "chain-1" else 9.0
-
-        return {n: {"tokens_per_s": speed(n), "tau": 1.0} for n in shapes}
-
-    monkeypatch.setattr(tune_mod, "run_side_by_side", fake_runs)
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(json.dumps({"prompt": sample_texts(2_000)[0][:200]}) + "\n")
-    cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=1, max_new_tokens=4,
-                     probe_depth=2, probe_rank=2, sizes=[2], finalists=1, repeats=1, temperatures=[0.0, 1.0])
-    report = tune(cfg, log=lambda m: None)
-    assert (report["chosen"], report["sampling_chosen"]) == ("chain-2", "chain-1")
-    report = tune(TuneConfig(**{**cfg.__dict__, "tie_margin": 0.0}), log=lambda m: None)
-    assert (report["chosen"], report["sampling_chosen"]) == ("chain-2", "chain-2")

@@ -37,9 +37,6 @@ class TuneConfig(DecodeTargetArgs):
                                     "T=0's fastest tree is stored, and with temperatures above 0 too, their "
                                     "fastest (mean tokens/s) as the tree drafted when sampling")
     repeats: int = opt(2, "interleaved timing repeats")
-    tie_margin: float = opt(0.05, "trees within this fraction of the fastest one's tokens/s count as tied, and "
-                                  "the one with the fewest verify tokens wins (on a busy CPU one tree timed twice "
-                                  "reads ~5% apart); 0: the fastest measured tree")
     calibration_data: str | None = opt(None, "a distilled dataset or features folder of this target: fit the heads' "
                                              "draft calibration (temperature by depth) on it and store it with the "
                                              "tree; default: the calibration training stored, if any")
@@ -49,8 +46,6 @@ class TuneConfig(DecodeTargetArgs):
     def __post_init__(self) -> None:
         if not self.temperatures:
             raise ConfigError("'temperatures' needs one or more values >= 0")
-        if not 0 <= self.tie_margin < 1:
-            raise ConfigError(f"tie_margin must be in [0, 1), got {self.tie_margin}")
         for t in self.temperatures:
             check_decode_args(self.max_new_tokens, t)
 

@@ -215,15 +215,6 @@ def calibration_prompts(cfg: TuneConfig, tokenizer: Any) -> list[list[int]]:
     return [prompt_ids(s, tokenizer, template, cfg.prompt_format, cfg.target)[0] for s in samples]
 
 
-def pick(speed: dict[str, float], size: dict[str, int], margin: float) -> str:
-    """The tree to store: among those within ``margin`` of the fastest tokens/s (a difference the timing
-    noise can make), the one with the fewest verify tokens, then the faster. A smaller tree costs less
-    wherever the measurement was off, so a near-tie is not worth a bigger verify."""
-    top = max(speed.values())
-    near = [n for n in speed if speed[n] >= top * (1 - margin)]
-    return min(near, key=lambda n: (size[n], -speed[n]))
-
-
 def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     from ..target import resolve_target_path
     from ..decode.cli import adapter_note
@@ -265,8 +256,7 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     greedy, sampled = [t for t in cfg.temperatures if t <= 0], [t for t in cfg.temperatures if t > 0]
 
     def fastest(temps: list[float]) -> str:  # among measured candidates that include every chain
-        speed = {n: statistics.mean(results[t][n]["tokens_per_s"] for t in temps) for n in shapes}
-        return pick(speed, {n: shapes[n].size for n in shapes}, cfg.tie_margin)
+        return max(shapes, key=lambda n: statistics.mean(results[t][n]["tokens_per_s"] for t in temps))
 
     winner = fastest(greedy or sampled)  # T=0's tree; the mean's when tuned only above 0
     sampling = fastest(sampled) if greedy and sampled else winner
