@@ -146,7 +146,7 @@ def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardSt
 
 def generation_dtype(dtype: str, device: Any) -> str:
     """``auto`` for batched forwards (distill's generation, features' prefill): on a CPU, bf16 where it
-    is measured faster than fp32 (native bf16 matmul: generation ~1.8x at batch 64, features ~3.6x),
+    is measured faster than fp32 (native bf16 matmul: generation ~1.8x at batch 64, features ~2.5x),
     else float32; elsewhere the target loader's ``auto``."""
     import torch
 
