@@ -101,7 +101,7 @@ def test_read_samples_chat_source_is_a_stable_prefix(train):
     assert read_samples("chat:train", limit=50, seed=123).samples == s  # the seed changes nothing
     assert len(read_samples("chat:heldout").samples) == len(cc.chat_prompts("heldout"))
     assert read_samples("chat:heldout", limit=3).samples[0].id.startswith("chat:heldout:")
-    with pytest.raises(DataError, match="chat:train or chat:heldout"):
+    with pytest.raises(DataError, match="chat:train or chat:extra or chat:heldout"):
         read_samples("chat:test")
     with pytest.raises(ValueError, match="unknown chat corpus split"):
         cc.chat_prompts("test")
@@ -132,3 +132,34 @@ def test_dev_is_the_heldout_tail_that_bench_prefixes_never_reach(heldout):
     bench = read_samples("chat:heldout", limit=len(heldout) - cc.DEV_PROMPTS).samples
     assert not {s.prompt for s in bench} & {s.prompt for s in dev}
     assert [s.prompt for s in read_samples("chat:dev", limit=5).samples] == [s.prompt for s in dev[:5]]
+
+
+def test_extra_is_more_of_the_train_families_and_never_a_train_or_heldout_prompt(train, heldout):
+    extra = cc.chat_prompts("extra")
+    assert len(extra) >= 2000
+    assert {p.family for p in extra} == {p.family for p in train}
+    seen_elsewhere = {_norm(p.text) for p in train} | {_norm(p.text) for p in heldout}
+    texts = [_norm(p.text) for p in extra]
+    assert len(set(texts)) == len(texts) and not set(texts) & seen_elsewhere
+    assert max(Counter(p.family for p in extra).values()) <= cc.EXTRA_PER_FAMILY
+    rows = read_samples("chat:extra", limit=5).samples
+    assert [r.id for r in rows] == [p.id("extra") for p in extra[:5]]
+    assert all(r.id.startswith("chat:extra:") for r in rows)
+    assert cc.chat_prompts("train")[:50] == train[:50]  # adding the split left train as it was
+
+
+def test_the_corpus_does_not_depend_on_what_was_imported_first(train):
+    """torch replaces ``inspect.getfile`` when imported; the prompts must not notice."""
+    import subprocess
+    import sys
+
+    import torch  # noqa: F401  (imported here, in this process, on purpose)
+
+    code = ("import hashlib, sys\nfrom headway.data.chat_corpus import chat_prompts\n"
+            "assert 'torch' not in sys.modules\n"
+            "print(hashlib.sha256(repr([(p.id(s), p.text) for s in ('train', 'extra') for p in chat_prompts(s)])"
+            ".encode()).hexdigest())")
+    bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    here = hashlib.sha256(repr([(p.id(s), p.text) for s in ("train", "extra")
+                                for p in cc.chat_prompts(s)]).encode()).hexdigest()
+    assert bare == here

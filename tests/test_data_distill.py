@@ -10,7 +10,7 @@ from headway.cli import main
 from headway.data import distill as distill_mod
 from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.errors import BadRowError, ChatTemplateError, DataError, ResumeMismatchError
-from headway.data.generation import SamplingSettings, generate_batch
+from headway.data.generation import SamplingSettings, generate_batch, greedy_batch
 from headway.data.vocab import load_token_counts, token_frequencies
 from headway.target import load_target
 from headway.testing import tiny_target
@@ -64,6 +64,30 @@ def test_left_padding_gives_the_same_greedy_tokens_as_unbatched():
         for p, a in zip(prompts, batched):
             assert a.tokens == greedy(model, p, 10), arch
             assert a.stopped == (a.tokens[-1] == 1)
+
+
+def test_greedy_batch_drops_finished_rows_and_writes_generates_tokens():
+    for arch in ("llama", "qwen2", "gpt_neox"):
+        model, tok = tiny_target(arch)
+        prompts = [tok(p)["input_ids"] for p in PROMPTS[:6]]
+        free = [greedy(model, p, 14, stop=-1) for p in prompts]
+        # stop tokens that end rows at different steps: the 3rd token of row 0, the 7th of row 1
+        stops = [free[0][2], free[1][6]]
+        sizes: list[int] = []
+        hook = model.register_forward_pre_hook(lambda m, a, kw: sizes.append(kw["input_ids"].shape[0]),
+                                               with_kwargs=True)
+        got = greedy_batch(model, prompts, 14, stop_ids=stops, pad_id=2)
+        hook.remove()
+        want = generate_batch(model, prompts, SamplingSettings(max_new_tokens=14), stop_ids=stops, pad_id=2)
+        assert got == want, arch
+        for p, a in zip(prompts, got):  # and each row is the target's own unbatched greedy answer
+            ref = greedy(model, p, 14, stop=-1)
+            cut = next((i for i, t in enumerate(ref) if t in stops), None)
+            assert a.tokens == (ref[: cut + 1] if cut is not None else ref), arch
+            assert a.stopped == (cut is not None)
+        ended = sum(a.stopped for a in got)
+        assert ended >= 2 and sizes[0] == len(prompts) and sizes[-1] <= len(prompts) - ended + 1, (arch, sizes)
+        assert sizes == sorted(sizes, reverse=True), sizes
 
 
 def test_sampling_is_reproducible_for_a_seed():

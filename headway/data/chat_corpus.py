@@ -6,6 +6,8 @@ docstrings, short stdlib functions and the ``pydoc_data`` help topics).
 
 - **train** (~3,000 prompts, ~37 task families): explanations, how-to, lists, rewriting, grammar,
   translation, classification, extraction, code, maths, poems, stories, ...
+- **extra** (~2,800 prompts): the train families again, drawn from other random streams and never
+  repeating a train prompt: more distilled answers for a drafter once train's are all used.
 - **heldout** (~330 prompts, 6 other families): comparison essays, advice letters, role-play,
   step-by-step plans, FAQ answers, interview-style Q&A. Neither family nor subject lists are shared with
   train, so a benchmark on it measures how well heads generalise to a new style.
@@ -35,9 +37,10 @@ from typing import Callable, Sequence
 
 from .samples import Sample
 
-SPLITS = ("train", "heldout")
+SPLITS = ("train", "heldout", "extra")
 SEED = "headway-chat-corpus-v1"
 TRAIN_PER_FAMILY = 84
+EXTRA_PER_FAMILY = 84  # more prompts of the train families, for more distilled data than train alone gives
 HELDOUT_PER_FAMILY = 55
 DEV_PROMPTS = 120  # the held-out split's tail, all six families (round-robin order)
 MIN_CHARS, MAX_CHARS = 15, 800  # ~200 tokens at most for English text / short code
@@ -977,12 +980,17 @@ def _symbols() -> list[tuple[str, str, str]]:
                 continue
             if (getattr(obj, "__module__", None) or "").lstrip("_") != mod_name:  # skip re-exports
                 continue
+            if (mod_name, name) in PATCHED_BY_IMPORTS:
+                continue
             sentence = _first_sentence(inspect.getdoc(obj) or "")
             if sentence and not sentence.startswith(name):
                 out.append((mod_name, name, sentence))
     return out
 
 
+# Stdlib functions that a library replaces when imported (torch swaps in its own ``inspect.getfile``):
+# left out always, so the corpus is the same whether or not such a library was imported first.
+PATCHED_BY_IMPORTS = frozenset({("inspect", "getfile")})
 API_MODULES = ("json", "re", "string", "textwrap", "shutil", "datetime", "random", "heapq", "bisect", "csv",
                "urllib.parse", "difflib", "fractions", "statistics", "math", "itertools", "functools", "collections",
                "operator", "copy", "base64", "html", "calendar", "glob", "fnmatch", "shlex", "tempfile", "uuid",
@@ -1342,8 +1350,9 @@ HELDOUT_FAMILIES: tuple[tuple[str, Maker], ...] = (
 
 def families(split: str) -> tuple[Family, ...]:
     _check_split(split)
-    if split == "train":
-        return tuple(Family(n, split, m, TRAIN_PER_FAMILY) for n, m in TRAIN_FAMILIES)
+    if split in ("train", "extra"):
+        size = TRAIN_PER_FAMILY if split == "train" else EXTRA_PER_FAMILY
+        return tuple(Family(n, split, m, size) for n, m in TRAIN_FAMILIES)
     return tuple(Family(n, split, m, HELDOUT_PER_FAMILY) for n, m in HELDOUT_FAMILIES)
 
 
@@ -1380,7 +1389,8 @@ def chat_prompts(split: str) -> tuple[ChatPrompt, ...]:
     """Every prompt of ``split``, families interleaved round-robin (so any prefix is varied)."""
     _check_split(split)
     drawn = [(f.name, _draw(f)) for f in families(split)]
-    seen: set[str] = set()
+    # extra draws from the train families' subjects with other random streams; never a train prompt again
+    seen: set[str] = {_norm(p.text) for p in chat_prompts("train")} if split == "extra" else set()
     columns: list[list[ChatPrompt]] = []
     for name, texts in drawn:  # dedupe across families too, keeping the earlier family's copy
         col = []

@@ -3,8 +3,9 @@
 A source is one string:
 
 - ``demo:train`` / ``demo:heldout``: code prefixes from the demo target's corpus;
-- ``chat:train`` / ``chat:heldout`` / ``chat:dev``: the built-in chat instruction corpus (``chat_corpus``; no
-  download); ``chat:dev`` is the held-out split's tail, for evaluation and calibration, never benchmarked;
+- ``chat:train`` / ``chat:extra`` / ``chat:heldout`` / ``chat:dev``: the built-in chat instruction corpus
+  (``chat_corpus``; no download); ``chat:extra`` is more prompts of the train families (none repeats a train
+  prompt); ``chat:dev`` is the held-out split's tail, for evaluation and calibration, never benchmarked;
 - a ``.jsonl`` / ``.json`` / ``.parquet`` file of rows with ``prompt``, ``messages`` (OpenAI
   roles) or ``conversations`` (ShareGPT ``from``/``value``);
 - a folder written by ``datasets.save_to_disk`` (a ``DatasetDict`` uses ``split``);
@@ -29,7 +30,7 @@ from .errors import BadRowError, DataError, one_line
 from .samples import Sample, normalize_row
 
 DEMO_SPLITS = {"demo:train": "train", "demo:heldout": "heldout"}
-CHAT_SPLITS = {"chat:train": "train", "chat:heldout": "heldout", "chat:dev": "dev"}
+CHAT_SPLITS = {"chat:train": "train", "chat:extra": "extra", "chat:heldout": "heldout", "chat:dev": "dev"}
 DEFAULT_DEMO_PROMPTS = 256
 
 
