@@ -2,7 +2,8 @@
 # The real-target numbers in the README: SmolLM2-135M-Instruct end to end on 2 CPU cores.
 #
 #   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa; eagle3 trains on all
-#                                                      # 3,108 chat:train answers, eagle1 and medusa on 1,536
+#                                                      # 3,108 chat:train answers, eagle1 and medusa on 1,536,
+#                                                      # eagle3-6k on those and chat:extra's 2,814 more
 #
 # Every step is cached or resumable, so rerunning after an interruption continues where it stopped:
 #   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)
@@ -47,6 +48,13 @@ if [[ -z "${SKIP_TRAIN:-}" ]]; then
         hw features --config configs/features-smollm2-more.yaml
         [[ -f runs/smollm2-features-3k/features.json ]] || \
             hw merge runs/smollm2-features runs/smollm2-features-more --output runs/smollm2-features-3k
+    fi
+    if [[ " ${KINDS[*]} " == *" eagle3-6k "* ]]; then  # + chat:extra's 2,814 prompts (~30 min more)
+        # shellcheck disable=SC2086
+        hw distill --config configs/distill-smollm2-extra.yaml ${DISTILL_ARGS:-}
+        hw features --config configs/features-smollm2-extra.yaml
+        [[ -f runs/smollm2-features-6k/features.json ]] || hw merge runs/smollm2-features \
+            runs/smollm2-features-more runs/smollm2-features-extra --output runs/smollm2-features-6k
     fi
 fi
 HEADS=()
