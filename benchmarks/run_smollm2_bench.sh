@@ -26,6 +26,7 @@ PY=${PY:-.venv/bin/python}
 OUT=${OUT:-benchmarks/results}
 KINDS=("$@")
 [[ ${#KINDS[@]} -gt 0 ]] || KINDS=(eagle3 eagle1 medusa)
+mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
 NUM=${NUM:-12}
 TOKENS=${TOKENS:-128}
@@ -64,10 +65,10 @@ for kind in "${KINDS[@]}"; do
     [[ -f "$final/config.json" ]] || { echo "no heads at $final" >&2; exit 1; }
     # the tree is chosen on other prompts than the ones the bench times
     [[ -z "${SKIP_TRAIN:-}" ]] && hw tune --target smollm2 --heads "$final" --prompts "$TUNE_PROMPTS" \
-        --num_prompts 6 --max_new_tokens 64 --temperatures 0 1  # a tree for each: they differ here
+        --num_prompts 6 --max_new_tokens 64 --temperatures 0 1 \
+        --json_out "$OUT/smollm2-tune-$kind.json"  # a tree for each temperature: they differ here
     HEADS+=("$final")
 done
-mkdir -p "$OUT"
 for threads in $THREADS; do
     # no HF assisted baseline: no smaller model with SmolLM2's tokenizer can be had offline
     # shellcheck disable=SC2086

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from headway.config import load_config
 from headway.heads import MedusaHeads, load_heads
@@ -144,6 +145,31 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(setup, tmp_path):
     ha, hb = load_heads(full / "final"), load_heads(part / "final")
     for k, v in ha.state_dict().items():
         torch.testing.assert_close(hb.state_dict()[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_rerunning_a_finished_run_keeps_its_final_heads_and_what_was_stored_with_them(setup, tmp_path):
+    kw = {"max_steps": 2, "eval_fraction": 0.25, "save_every": 2, "resume_from": "latest"}
+    final = train(config(setup, tmp_path, **kw))
+    cfg_file = final / "config.json"
+    stored = json.loads(cfg_file.read_text())
+    stored["metadata"]["decode"] = {"tree": "chain-2"}  # what `headway tune` writes after training
+    cfg_file.write_text(json.dumps(stored))
+    weights = (final / "model.safetensors").read_bytes()
+    (tmp_path / "kept.safetensors").write_bytes(weights)
+
+    assert train(config(setup, tmp_path, **kw)) == final  # a rerun of the finished run (a script run twice)
+    assert json.loads(cfg_file.read_text())["metadata"]["decode"] == {"tree": "chain-2"}
+    assert (final / "model.safetensors").read_bytes() == weights
+    events = [json.loads(x).get("event") for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert events[-2:] == ["start", "complete"] and events.count("done") == 1
+
+    import shutil
+
+    shutil.rmtree(final)  # without its final heads, the finished run saves them again from the last checkpoint
+    assert train(config(setup, tmp_path, **kw)) == final
+    assert "decode" not in json.loads(cfg_file.read_text())["metadata"]
+    saved, again = (load_file(f) for f in (tmp_path / "kept.safetensors", final / "model.safetensors"))
+    assert saved.keys() == again.keys() and all(torch.equal(saved[k], again[k]) for k in saved)
 
 
 def test_latest_resolution(tmp_path):

@@ -695,6 +695,7 @@ class TrainRun:
     stop: int  # where this invocation stops (stop_after)
     global_batch: int
     step: int = 0
+    started_at: int = 0  # the step this invocation resumed at
     tokens_seen: int = 0
     train_time: float = 0.0
     last_eval: dict[str, Any] | None = None
@@ -817,6 +818,7 @@ def resume_run(run: TrainRun, adapted: bool) -> Path | None:
         check_resumable(state, cfg, run.global_batch, resume)
         acc.load_state(str(resume), **({"strict": False} if adapted else {}))
         run.step, run.tokens_seen, run.train_time = state["step"], state["tokens"], state["train_time_s"]
+        run.started_at = run.step
     if acc.is_main_process:  # the folder now belongs to this run
         write_run(run.out, run_fingerprint(cfg))
     run.stop = min(run.steps, cfg.stop_after) if cfg.stop_after is not None else run.steps
@@ -958,9 +960,15 @@ def finish(run: TrainRun) -> Path:
                                                                "resume_from=latest")
         end_run(run)
         return run.out / "checkpoints" / f"checkpoint-{step}"
+    final = run.out / "final"
+    if kept_final(run, final):
+        run.log.write({"event": "complete", "step": step, "final": str(final)},
+                      text=f"{run.out} is already complete ({step} steps); the heads at {final} are kept as they "
+                           "are (a tuned tree stays); delete that folder to save them again")
+        end_run(run)
+        return final
     if run.ev_loader is not None:
         log_eval(run)
-    final = run.out / "final"
     bad = non_finite_weight(run.inner, acc)
     if bad:
         stop_non_finite(run, step, f"training stopped after step {step}: the weight {bad} is NaN/inf; the final "
@@ -976,6 +984,16 @@ def finish(run: TrainRun) -> Path:
                        f"heads saved to {final}")
     end_run(run)
     return final
+
+
+def kept_final(run: TrainRun, final: Path) -> bool:
+    """A run resumed at its last step, whose final heads were saved: nothing to train or save.
+    Saving again would drop what was stored with the heads since (``headway tune``'s tree)."""
+    from accelerate.utils import broadcast_object_list
+
+    done = [run.started_at == run.steps and (final / "config.json").is_file()]
+    broadcast_object_list(done)  # the main process's view: every process takes the same branch
+    return bool(done[0])
 
 
 def end_run(run: TrainRun) -> None:
