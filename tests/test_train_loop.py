@@ -1,6 +1,7 @@
 """The training loop on tiny targets: what trains, what must not, checkpoints and resume, Medusa-2."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,7 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(setup, tmp_path):
 
 
 def test_rerunning_a_finished_run_keeps_its_final_heads_and_what_was_stored_with_them(setup, tmp_path):
-    kw = {"max_steps": 2, "eval_fraction": 0.25, "save_every": 2, "resume_from": "latest"}
+    kw = {"max_steps": 2, "eval_fraction": 0.25, "resume_from": "latest"}  # the stop's checkpoint suffices
     final = train(config(setup, tmp_path, **kw))
     cfg_file = final / "config.json"
     stored = json.loads(cfg_file.read_text())
@@ -162,8 +163,6 @@ def test_rerunning_a_finished_run_keeps_its_final_heads_and_what_was_stored_with
     assert (final / "model.safetensors").read_bytes() == weights
     events = [json.loads(x).get("event") for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert events[-2:] == ["start", "complete"] and events.count("done") == 1
-
-    import shutil
 
     shutil.rmtree(final)  # without its final heads, the finished run saves them again from the last checkpoint
     assert train(config(setup, tmp_path, **kw)) == final
