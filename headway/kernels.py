@@ -36,8 +36,9 @@ from torch import nn
 from . import native
 from .target import LINEAR_KERNELS as KERNELS  # the config choices (target.py stays light for --help)
 # row buckets: a linear over n rows uses the choice of the first bucket bound >= n; past the last
-# bound (prefill, wide trees) it stays stock: measured here, the two kernels draw level at 32+ rows
-BUCKETS = (1, 2, 4, 8, 16)
+# bound (prefill) it stays stock. Wide trees verify 17-64 tokens: there the native kernel, on both
+# threads, still beat MKL by 1.1-1.5x on a 2-core EPYC (64 rows: 157 vs 172 ms over SmolLM2's linears)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_PAD = 8  # row counts up to this may run padded to the next power of two
 
 
@@ -170,12 +171,12 @@ def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05
                with_native: bool | None = None) -> LinearPlan:
     """Time the kernels on these (CPU) linears with the current thread count, interleaved so that
     a noisy moment hits each: stock and native at each bucket's row count, weight-major at
-    2..``MAX_PAD`` columns and at the last bucket's. n rows run weight-major padded to the next
+    2..``MAX_PAD`` columns and at the buckets' counts past it. n rows run weight-major padded to the next
     power of two where that is ``margin`` faster than n columns (only that width: a noisy probe of
     many widths would pick far ones). A bucket runs the faster of weight-major and native where
     that is ``margin`` faster than stock at its bound. Native is timed where it builds here and the
-    weights are float32 (``with_native`` forces either way). 13 x reps passes over the weights
-    (~3 s for a 135M model on 2 cores), 5 x reps more with native."""
+    weights are float32 (``with_native`` forces either way). 17 x reps passes over the weights
+    of 1-64 rows (~5 s for a 135M model on 2 cores), 7 x reps more with native."""
     cpu = [m for m in linears if m.weight.device.type == "cpu"]
     if not cpu:
         return LinearPlan()
@@ -185,7 +186,8 @@ def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05
     _time(cpu, 2, STOCK)  # warm-up: pages, kernel selection
     _time(cpu, 2, WEIGHT_MAJOR)
     times = {STOCK: dict.fromkeys(BUCKETS, float("inf")),
-             WEIGHT_MAJOR: dict.fromkeys((*range(2, MAX_PAD + 1), BUCKETS[-1]), float("inf"))}
+             WEIGHT_MAJOR: dict.fromkeys((*range(2, MAX_PAD + 1), *(b for b in BUCKETS if b > MAX_PAD)),
+                                         float("inf"))}
     if with_native:
         _time(cpu, 2, NATIVE)
         times[NATIVE] = dict.fromkeys(BUCKETS, float("inf"))

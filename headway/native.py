@@ -1,11 +1,13 @@
 """headway's native few-row linear (``headway/csrc/fewrow.cpp``), built on first use.
 
-A tree verify multiplies 2-8 rows by every weight of the target. On CPUs that product is bound by
-reading the weights, yet PyTorch's kernels make each extra row cost more. The native kernel streams
-each block of weight rows once for all rows, with a software prefetch ahead of the stream. On one
-thread of a 2-core AMD EPYC with AVX-512 (the kernel built for AVX2), SmolLM2-135M's 211 linears
-took, for 1 / 2 / 4 / 8 / 16 rows: ``F.linear`` 35.5 / 61.0 / 53.4 / 64.4 / 87.7 ms, native
-18.9 / 21.2 / 21.8 / 30.0 / 58.7 ms. A verify of 8 tokens then costs less than the stock one-token
+A tree verify multiplies 2-64 rows by every weight of the target. On CPUs that product is bound by
+reading the weights up to ~8 rows, yet PyTorch's kernels make each extra row cost more. The native
+kernel streams each block of weight rows once for all rows, with a software prefetch ahead of the
+stream, and splits the blocks over torch's threads. On a 2-core AMD EPYC with AVX-512 (the kernel
+built for AVX2), SmolLM2-135M's 211 linears took, for 1 / 4 / 8 / 16 / 64 rows, with 1 thread:
+``F.linear`` 33.6 / 52.3 / 61.5 / 87.3 / 254 ms, native 18.0 / 18.0 / 28.6 / 56.4 / 227 ms; with 2:
+``F.linear`` 36.2 / 53.5 / 57.6 / 67.8 / 133 ms, native 15.6 / 16.1 / 19.2 / 33.5 / 128 ms
+(``benchmarks/native_threads.py``). A verify of 8 tokens then costs less than the stock one-token
 forward.
 
 It is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~30 s of CPU once,
@@ -38,14 +40,22 @@ class NativeKernelError(HeadwayError):
     """The native kernel was asked for by name and cannot be built here."""
 
 
-def _flags() -> list[str]:
-    """-O3, plus AVX2/FMA on an x86-64 CPU that has them (built where it runs, so no -march=native:
-    a cached build then also runs on any other AVX2 machine sharing the cache)."""
+def _flags() -> tuple[list[str], list[str]]:
+    """(compiler flags, linker flags): -O3, AVX2/FMA on an x86-64 CPU that has them (built where it
+    runs, so no -march=native: a cached build then also runs on any other AVX2 machine sharing the
+    cache), and -fopenmp where ATen's parallel backend is OpenMP (Linux wheels): ``at::parallel_for``
+    is a header template, so without it the kernel ran on one thread whatever torch's thread count
+    (2 threads, 16 rows of SmolLM2-135M's linears: 61 ms without, 34 ms with). The loader reuses the
+    libgomp torch already holds (same soname), so there is one OpenMP pool."""
     flags = ["-O3"]
     if platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2",
                                                                                                        "AVX512"):
         flags += ["-mavx2", "-mfma"]
-    return flags
+    link = []
+    if platform.system() == "Linux" and "parallel backend: OpenMP" in torch.__config__.parallel_info():
+        flags.append("-fopenmp")
+        link.append("-fopenmp")
+    return flags, link
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,8 +64,8 @@ def _build() -> tuple[Any, str]:
     if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
         return None, f"disabled by {ENV}=0"
     _ninja_on_path()
-    flags = _flags()
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+    flags, link = _flags()
+    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags + link).encode()).hexdigest()[:10]
     try:
         from torch.utils.cpp_extension import load
 
@@ -66,7 +76,8 @@ def _build() -> tuple[Any, str]:
         level = log.level
         log.setLevel(logging.ERROR)
         try:
-            module = load(name=f"headway_fewrow_{tag}", sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+            module = load(name=f"headway_fewrow_{tag}", sources=[str(SOURCE)], extra_cflags=flags,
+                          extra_ldflags=link, verbose=False)
         finally:
             log.setLevel(level)
     except Exception as exc:  # noqa: BLE001 - any build failure means "not available here"
@@ -120,6 +131,13 @@ def native_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def parallel_width(tasks: int = 64) -> int:
+    """How many threads the kernel's parallel loop over ``tasks`` blocks runs on (at most
+    ``torch.get_num_threads()``); 0 where the kernel is not built."""
+    module, _ = _build()
+    return int(module.parallel_width(tasks)) if module is not None else 0
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:

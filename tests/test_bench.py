@@ -348,7 +348,7 @@ def test_weight_major_baseline_and_the_kernel_plan_are_reported(folders):
     assert kinds == ["hf_generate", "hf_weight_major", "hf_prompt_lookup", "medusa"]
     assert all(m["exact_match"] == 1.0 for m in rep["methods"])
     assert rep["methods"][1]["tau"] == 1.0 and rep["methods"][2]["tau"] > 1.0  # plain decoding; drafts
-    everywhere = "weight-major at 1, 2, 3-4, 5-8, 9-16 rows"
+    everywhere = "weight-major at 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64 rows"
     assert rep["settings"]["linear_kernels"] == {"hf-weight-major": everywhere, "medusa[chain-3]": everywhere,
                                                  "hf-prompt-lookup-weight-major": everywhere}
     assert "linear kernel: weight-major at 1" in render_table(rep).caption

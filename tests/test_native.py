@@ -30,7 +30,7 @@ def built():
     assert ok, why
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33])
 @pytest.mark.parametrize("dims", [(576, 40), (24, 7), (37, 33)])  # in/out: multiples of 16 or not
 def test_native_equals_f_linear(built, rows, dims):
     torch.manual_seed(rows)
@@ -39,6 +39,19 @@ def test_native_equals_f_linear(built, rows, dims):
     got = native.native_linear(x, w)
     assert got.shape == (rows, o) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, w), rtol=1e-4, atol=1e-4)
+
+
+def test_native_runs_on_torchs_threads(built):
+    """The kernel's parallel loop uses torch's intra-op threads: built without the parallel backend's
+    flags it ran on one thread whatever the count (half the speed of 8-64-row verifies on 2 cores)."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert native.parallel_width(64) == 2
+        torch.set_num_threads(1)
+        assert native.parallel_width(64) == 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 24), (2, 5, 24), (3, 24)])
@@ -79,20 +92,21 @@ def test_plan_runs_native_where_it_says_and_stock_where_it_does_not_fit(built, m
 
 
 def test_probe_picks_native_where_it_is_fastest(monkeypatch):
-    """Fake clock: native wins at 1, 4 and 8 rows; weight-major at 2; stock at 16 (native within the
-    margin). Without native (a bf16 target, or no build) the same clock gives weight-major/stock."""
-    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0, 16: 4.0},
-            "weight-major": {2: 0.9, 3: 1.5, 4: 1.5, 5: 2.0, 6: 2.0, 7: 2.0, 8: 1.5, 16: 4.0},
-            "native": {1: 0.8, 2: 1.0, 4: 1.0, 8: 1.2, 16: 3.9}}
+    """Fake clock: native wins at 1, 4, 8 and 32 rows; weight-major at 2; stock at 16 and 64 (native
+    within the margin). Without native (a bf16 target, or no build) the same clock gives weight-major
+    or stock."""
+    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0, 16: 4.0, 32: 8.0, 64: 16.0},
+            "weight-major": {2: 0.9, 3: 1.5, 4: 1.5, 5: 2.0, 6: 2.0, 7: 2.0, 8: 1.5, 16: 4.0, 32: 8.0, 64: 16.0},
+            "native": {1: 0.8, 2: 1.0, 4: 1.0, 8: 1.2, 16: 3.9, 32: 6.0, 64: 15.5}}
     timed = []
     monkeypatch.setattr(kernels, "_time", lambda linears, rows, kernel: timed.append((kernel, rows))
                         or cost[kernel][rows])
     plan = probe_plan([nn.Linear(4, 4)], margin=0.05, with_native=True)
-    assert plan.kernels == ("native", "weight-major", "native", "native", "stock")
-    assert plan.describe() == "native at 1, 3-4, 5-8 rows; weight-major at 2 rows"
-    assert len(timed) == 3 + 2 * (13 + 5)  # warm-ups, then 5 stock, 8 weight-major and 5 native passes, twice
+    assert plan.kernels == ("native", "weight-major", "native", "native", "stock", "native", "stock")
+    assert plan.describe() == "native at 1, 3-4, 5-8, 17-32 rows; weight-major at 2 rows"
+    assert len(timed) == 3 + 2 * (17 + 7)  # warm-ups, then 7 stock, 10 weight-major and 7 native passes, twice
     assert probe_plan([nn.Linear(4, 4)], with_native=False).kernels == \
-        ("weight-major",) * 4 + ("stock",)  # 1 row runs as 2 columns
+        ("weight-major",) * 4 + ("stock",) * 3  # 1 row runs as 2 columns
     monkeypatch.setattr(native, "native_kernel", lambda: pytest.fail("a bf16 model must not build or time it"))
     bf16 = nn.Linear(4, 4).bfloat16()
     assert "native" not in probe_plan([bf16]).kernels

@@ -7,11 +7,14 @@
 // second row crowd the loads out of the CPU's window and a 2-row product costs ~1.2-1.4x a 1-row
 // one; with it, 1-4 rows cost about one row's time and 8 rows ~1.6x (a 2-core AMD EPYC: see
 // headway/native.py). GCC/Clang vector extensions: AVX2+FMA where built with -mavx2 -mfma, the
-// compiler's best elsewhere. Threads: ATen's intra-op pool, over blocks of 16 output rows.
+// compiler's best elsewhere. Threads: ATen's intra-op pool, over blocks of 16 output rows (ATen's
+// parallel_for is inlined into this file, so with an OpenMP build of torch it only runs in parallel
+// when this file is compiled with -fopenmp: headway/native.py adds it).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace {
@@ -101,6 +104,19 @@ torch::Tensor fewrow(torch::Tensor x, torch::Tensor w) {
   return out;
 }
 
+// how many of ATen's threads a parallel loop over n tasks (as fewrow's) runs on: a build without
+// the parallel backend's flags runs every loop on one
+int64_t parallel_width(int64_t n) {
+  std::atomic<int64_t> widest{0};
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    const int64_t mine = at::get_thread_num() + 1;
+    int64_t seen = widest.load();
+    while (mine > seen && !widest.compare_exchange_weak(seen, mine)) {}
+  });
+  return widest.load();
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fewrow", &fewrow, "x @ w.T for a few rows of x, reading each weight once");
+  m.def("parallel_width", &parallel_width, "threads a parallel loop over n tasks runs on");
 }
