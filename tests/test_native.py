@@ -128,6 +128,36 @@ def test_the_environment_variable_turns_it_off(monkeypatch):
         native._build.cache_clear()
 
 
+def test_a_compiler_without_openmp_still_gets_the_serial_kernel(monkeypatch):
+    """-fopenmp fails to build (a compiler without OpenMP): the kernel is built again without it."""
+    import torch.utils.cpp_extension as ext
+
+    builds = []
+
+    def load(name, sources, extra_cflags, extra_ldflags, verbose):
+        builds.append(list(extra_cflags))
+        if "-fopenmp" in extra_cflags:
+            raise RuntimeError("Error building extension\nclang: error: unsupported option '-fopenmp'")
+        return "serial module"
+
+    monkeypatch.setattr(ext, "load", load)
+    monkeypatch.setattr(native, "_flags", lambda: (["-O3", "-fopenmp"], ["-fopenmp"]))
+    monkeypatch.setattr(native, "_cached", lambda name: True)
+    monkeypatch.delenv(native.ENV, raising=False)
+    native._build.cache_clear()
+    try:
+        assert native._build() == ("serial module", "")
+        assert builds == [["-O3", "-fopenmp"], ["-O3"]]
+        monkeypatch.setattr(native, "_flags", lambda: (["-O3"], []))
+        native._build.cache_clear()
+        builds.clear()
+        monkeypatch.setattr(ext, "load", lambda **kw: builds.append(kw) or (_ for _ in ()).throw(OSError("no c++")))
+        assert native._build() == (None, "OSError: no c++")  # without -fopenmp there is nothing to retry
+        assert len(builds) == 1
+    finally:
+        native._build.cache_clear()
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "medusa"])
 def test_tree_decoding_stays_exact_with_native_linears(built, kind):
     model, tok = tiny_target("llama")
