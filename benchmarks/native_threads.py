@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.utils.cpp_extension import load
 
 from headway import native
 from headway.kernels import plain_linears
@@ -19,12 +18,13 @@ from headway.target import load_target
 
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 target = sys.argv[2] if len(sys.argv) > 2 else str(Path.home() / ".cache/headway/targets/smollm2-0.1.2")
-flags, link = native._flags()
+flags, _ = native._flags()
 serial = [f for f in flags if f != "-fopenmp"]
-builds = {"serial build": load(name="headway_fewrow_serial_bench", sources=[str(native.SOURCE)], extra_cflags=serial,
-                               verbose=False).fewrow,
-          "OpenMP build": load(name="headway_fewrow_omp_bench", sources=[str(native.SOURCE)],
-                               extra_cflags=serial + ["-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False).fewrow}
+builds = {name: native._load(cflags, link)[0] for name, cflags, link in
+          (("serial build", serial, []), ("OpenMP build", serial + ["-fopenmp"], ["-fopenmp"]))}
+if not all(builds.values()):
+    sys.exit("the native kernel does not build here")
+builds = {name: module.fewrow for name, module in builds.items()}
 torch.set_num_threads(threads)
 model, _ = load_target(target, device="cpu")
 linears = plain_linears(model)
