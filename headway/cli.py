@@ -32,6 +32,8 @@ COMMANDS: dict[str, Command] = {
     "target build": Command("Build (or reuse from cache) a target: the demo (a small Llama trained on the stdlib source) "
                             "or a named real one (smollm2: SmolLM2-135M-Instruct from a PyPI wheel's GGUF).",
                             "headway.demo.configs:TargetBuildConfig", "headway.demo.builder:build_cli"),
+    "prompts": Command("Let the target write prompts itself: sample its user turn from an empty chat (Magpie-style).",
+                       "headway.data.configs:PromptsConfig", "headway.data.self_prompts:prompts_cli"),
     "distill": Command("Let the frozen target write the answers to prompts (self-distillation), in resumable shards.",
                        "headway.data.configs:DistillConfig", "headway.data.distill:distill_cli"),
     "tokenize": Command("Tokenise a dataset that already has answers: input_ids + assistant-only loss masks.",

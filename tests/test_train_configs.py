@@ -14,6 +14,7 @@ PREFIXES = {
     "demo-target": "headway.demo.builder:TargetBuildConfig",
     "distill-": "headway.data.distill:DistillConfig",
     "features-": "headway.data.features:FeaturesConfig",
+    "prompts-": "headway.data.self_prompts:PromptsConfig",
 }
 TRAIN = "headway.train.config:TrainConfig"
 

@@ -96,3 +96,43 @@ class FeaturesConfig(TargetArgs):
         for name in ("batch_size", "shard_size"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class PromptsConfig(TargetArgs):
+    num: int = opt(2000, "prompts to write, in whole batches (so a few more); a resumed run writes only the rest, "
+                         "a larger num extends a finished folder")
+    output: str = opt("runs/prompts", "output folder: prompts.jsonl (one {\"id\", \"prompt\"} row per line, what "
+                                      "`headway distill` reads) and settings.json")
+    system: str | None = opt(None, "system message before the user turn (default: none, or the chat template's own)")
+    chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
+    stop_tokens: list[str] = opt(default_factory=list, help="extra tokens that end a user turn (the template's "
+                                                            "end-of-turn token and the target's EOS always do)")
+    temperature: float = opt(1.0, "sampling temperature of the user turns (> 0: greedy would write one prompt)")
+    top_p: float = opt(1.0, "nucleus sampling threshold (1 = off)")
+    top_k: int = opt(0, "top-k sampling (0 = off)")
+    max_new_tokens: int = opt(128, "longest user turn (tokens); turns the target has not ended by then are dropped")
+    min_chars: int = opt(15, "shorter prompts are dropped")
+    max_chars: int = opt(800, "longer prompts are dropped")
+    exclude: list[str] = opt(default_factory=list, help="prompt sources (files, datasets, chat:heldout, ...) whose "
+                                                        "prompts are never written: keeps benchmark prompts out of "
+                                                        "training data")
+    batch_size: int = opt(64, "user turns sampled per batch (the unit of resumption)")
+    seed: int = opt(0, "sampling seed; batch b draws from seed and b, so a resumed run writes the same prompts")
+    linear_kernel: str = opt("auto", "CPU kernel of the batch's few-row linears (as distill's)",
+                             choices=LINEAR_KERNELS)
+    overwrite: bool = opt(False, "delete the output folder first")
+
+    def __post_init__(self) -> None:
+        for name in ("num", "batch_size", "max_new_tokens", "max_chars"):
+            if getattr(self, name) < 1:
+                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.temperature <= 0:
+            raise DataError(f"temperature must be > 0 (greedy sampling writes the same prompt every time), got "
+                            f"{self.temperature}")
+        self.sampling()
+
+    def sampling(self) -> SamplingSettings:
+        from .generation import SamplingSettings  # lazy: torch
+
+        return SamplingSettings(self.temperature, self.top_p, self.top_k, self.max_new_tokens)

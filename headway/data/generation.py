@@ -95,6 +95,31 @@ def greedy_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tok
     (``Cache.batch_select_indices``) and later steps cost only the live ones. Same tokens as
     ``generate_batch`` at temperature 0 (tested).
     """
+    return decode_batch(model, prompts, max_new_tokens, stop_ids, pad_id, lambda logits: logits.float().argmax(-1))
+
+
+@torch.inference_mode()
+def sample_batch(model: nn.Module, prompts: Sequence[Sequence[int]], settings: SamplingSettings,
+                 stop_ids: Sequence[int], pad_id: int, seed: int) -> list[Answer]:
+    """Sampled answers (temperature, top-k, top-p as in ``generate``) to one left-padded batch,
+    finished rows leaving the batch as in ``greedy_batch``. Draws come from a generator seeded
+    with ``seed``, so the same batch and seed give the same answers (a resumed job redoes a batch
+    exactly); they differ from ``generate_batch``'s, which draws from torch's global RNG."""
+    from ..decode.sampling import SamplingParams, processed_probs
+
+    if settings.temperature <= 0:
+        return greedy_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id)
+    params = SamplingParams(settings.temperature, settings.top_k, settings.top_p)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    return decode_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id,
+                        lambda logits: torch.multinomial(processed_probs(logits, params), 1, generator=gen)[:, 0])
+
+
+@torch.inference_mode()
+def decode_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int],
+                 pad_id: int, choose: Callable[[torch.Tensor], torch.Tensor]) -> list[Answer]:
+    """One left-padded batch decoded step by step; ``choose`` maps (b, V) logits of the live rows to
+    their (b,) next tokens. A row that writes a stop token leaves the batch and the KV cache."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -108,7 +133,7 @@ def greedy_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tok
     stops = torch.tensor(sorted(set(stop_ids)), device=device)
     answers: list[list[int]] = [[] for _ in prompts]
     for step in range(max_new_tokens):
-        tokens = logits.float().argmax(-1)  # (b,)
+        tokens = choose(logits)  # (b,)
         for r, t in zip(rows.tolist(), tokens.tolist()):
             answers[r].append(t)
         if step == max_new_tokens - 1:
