@@ -199,6 +199,15 @@ def test_argmax_from_data_needs_greedy_distilled_data(setup, tmp_path):
         {"settings": {"temperature": 0.0}}, {"settings": {"temperature": 1.0}}]}}))
     with pytest.raises(TrainError, match="temperature 1.0"):
         Eagle3Task(config(setup, tmp_path, "eagle3", data=str(merged), **{"eagle.argmax_from": "data"})).build(target)
+    twice = {"settings": {"merged_from": [{"settings": {"temperature": 0.0}}]}}  # a merge of a merge and a run
+    (merged / "headway_distill.json").write_text(json.dumps({"complete": True, "settings": {"merged_from": [
+        twice, {"settings": {"temperature": 0.0}}]}}))
+    assert Eagle3Task(config(setup, tmp_path, "eagle3", data=str(merged), **{"eagle.argmax_from": "data"})).build(target)
+    twice["settings"]["merged_from"].append({"settings": {"temperature": 0.5}})
+    (merged / "headway_distill.json").write_text(json.dumps({"complete": True, "settings": {"merged_from": [
+        twice, {"settings": {"temperature": 0.0}}]}}))
+    with pytest.raises(TrainError, match="temperature 0.5"):
+        Eagle3Task(config(setup, tmp_path, "eagle3", data=str(merged), **{"eagle.argmax_from": "data"})).build(target)
     greedy = greedy_copy(data, tmp_path / "greedy")
     cfg = config(setup, tmp_path, "eagle3", data=str(greedy), **{"eagle.argmax_from": "data"})
     heads = Eagle3Task(cfg).build(target)

@@ -260,6 +260,13 @@ class Eagle3Task(_EagleTask):
                                hard_weight=self.opts.hard_weight, target_top=top)
 
 
+def distill_runs(settings: dict[str, Any]) -> list[dict[str, Any]]:
+    """The settings of every distill run behind a dataset: a merge lists its inputs' settings, and an
+    input may itself be a merge."""
+    inputs = settings.get("merged_from")
+    return [r for m in inputs for r in distill_runs(m.get("settings", {}))] if inputs else [settings]
+
+
 def check_greedy_data(data: str) -> None:
     """``eagle.argmax_from: data`` reads the target's argmax off the data's next token, which is
     right only where the target itself wrote the answers greedily: refuse anything else."""
@@ -270,8 +277,7 @@ def check_greedy_data(data: str) -> None:
     if not path.is_file():
         raise TrainError(f"eagle.argmax_from=data needs data the target distilled greedily, but {data} holds no "
                          f"{MANIFEST}; use argmax_from=logits")
-    settings = read_json(path).get("settings", {})
-    runs = [m.get("settings", {}) for m in settings.get("merged_from", [])] or [settings]
+    runs = distill_runs(read_json(path).get("settings", {}))
     hot = sorted({r.get("temperature") for r in runs if r.get("temperature") != 0.0}, key=str)
     if hot:
         raise TrainError(f"eagle.argmax_from=data needs greedy answers, but {data} was distilled at temperature "
