@@ -105,7 +105,7 @@ def sample_batch(model: nn.Module, prompts: Sequence[Sequence[int]], settings: S
     finished rows leaving the batch as in ``greedy_batch``. Draws come from a generator seeded
     with ``seed``, so the same batch and seed give the same answers (a resumed job redoes a batch
     exactly); they differ from ``generate_batch``'s, which draws from torch's global RNG."""
-    from ..decode.sampling import SamplingParams, processed_probs
+    from ..sampling import SamplingParams, processed_probs
 
     if settings.temperature <= 0:
         return greedy_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id)

@@ -1,41 +1,14 @@
-"""The target's processed distribution (temperature, top-k, top-p, in HF ``generate``'s order),
-exact sampling verification for trees of deterministic (top-k) drafts, and for chains whose
-drafts were *sampled* from the drafter (standard speculative sampling)."""
+"""Exact sampling verification for trees of deterministic (top-k) drafts, and for chains whose
+drafts were *sampled* from the drafter (standard speculative sampling). The target's processed
+distribution (temperature, top-k, top-p) is ``headway.sampling``'s, re-exported here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from ..sampling import SamplingParams, processed_probs  # noqa: F401  (re-exported)
 from .tree import TreeBuffers
 from .verify import Verdict
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0
-
-
-def processed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """(..., V) logits -> (..., V) probabilities after temperature, top-k, top-p (float32)."""
-    x = logits.float() / p.temperature
-    if p.top_k and p.top_k < x.shape[-1]:
-        kth = x.topk(p.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_x, order = x.sort(dim=-1, descending=False)
-        cum = sorted_x.softmax(-1).cumsum(-1)
-        drop_sorted = cum <= 1 - p.top_p  # the low tail whose mass is under 1 - top_p
-        drop_sorted[..., -1] = False  # always keep the most likely token
-        x = x.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    return x.softmax(-1)
 
 
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
