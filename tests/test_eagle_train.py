@@ -202,7 +202,8 @@ def test_argmax_from_data_needs_greedy_distilled_data(setup, tmp_path):
     twice = {"settings": {"merged_from": [{"settings": {"temperature": 0.0}}]}}  # a merge of a merge and a run
     (merged / "headway_distill.json").write_text(json.dumps({"complete": True, "settings": {"merged_from": [
         twice, {"settings": {"temperature": 0.0}}]}}))
-    assert Eagle3Task(config(setup, tmp_path, "eagle3", data=str(merged), **{"eagle.argmax_from": "data"})).build(target)
+    nested = config(setup, tmp_path, "eagle3", data=str(merged), **{"eagle.argmax_from": "data"})
+    assert Eagle3Task(nested).build(target).draft_vocab_size == 128
     twice["settings"]["merged_from"].append({"settings": {"temperature": 0.5}})
     (merged / "headway_distill.json").write_text(json.dumps({"complete": True, "settings": {"merged_from": [
         twice, {"settings": {"temperature": 0.0}}]}}))
