@@ -151,6 +151,12 @@ def test_bad_settings_and_targets_get_one_line_errors(chat_dir, llama_dir, tmp_p
     (tmp_path / "foreign" / "prompts.jsonl").write_text('{"prompt": "mine"}\n')
     with pytest.raises(DataError, match="not empty"):
         write_prompts(cfg_for(chat_dir, tmp_path / "foreign"))
+    good = write_prompts(cfg_for(chat_dir, tmp_path / "edited", num=2))
+    n = len(rows(good))
+    with good.open("a") as f:
+        f.write('{"prompt": "added by hand"}\n')
+    with pytest.raises(DataError, match=rf"prompts.jsonl:{n + 1}: not a row this command wrote"):
+        write_prompts(cfg_for(chat_dir, tmp_path / "edited", num=50))
 
 
 def test_a_target_that_never_ends_a_turn_is_reported(chat_dir, tmp_path):

@@ -122,11 +122,12 @@ def read_written(path: Path) -> tuple[list[dict[str, Any]], int]:
     for i, line in enumerate(data.decode("utf-8").splitlines(), 1):
         try:
             row = json.loads(line)
-            m = _ID.match(row["id"])
-            assert m and isinstance(row["prompt"], str)
-        except Exception:
+            m = _ID.match(row["id"]) if isinstance(row.get("id"), str) else None
+        except (json.JSONDecodeError, AttributeError):
+            m = None
+        if m is None or not isinstance(row.get("prompt"), str):
             raise DataError(f"{path}:{i}: not a row this command wrote; choose a new output folder or pass "
-                            "--overwrite") from None
+                            "--overwrite")
         rows.append(row)
         next_batch = max(next_batch, int(m.group(1)) + 1)
     return rows, next_batch
@@ -155,17 +156,19 @@ def append_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 def write_prompts(cfg: PromptsConfig) -> Path:
     """Sample user turns, a batch at a time, until ``cfg.output`` holds at least ``cfg.num`` prompts;
     returns the prompts file."""
-    import torch
-
     from ..kernels import LinearKernels
     from ..target import TargetInfo, load_target, resolve_target_path
     from .chat import load_chat_template
     from .distill import generation_dtype, output_lock, prepare_output
     from .generation import sample_batch, stop_token_ids
     from .progress import TokenProgress, console, quiet_datasets
+    from .runtime import processes
 
     out = Path(cfg.output).expanduser()
-    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    procs = processes(cfg.device)
+    if procs.world_size > 1:  # one file, appended batch by batch: one writer
+        raise DataError("headway prompts runs in one process; start it without accelerate launch")
+    device = procs.device
     cfg = replace(cfg, dtype=generation_dtype(cfg.dtype, device))
     say = console().print
     with quiet_datasets(), output_lock(out):
