@@ -5,7 +5,9 @@
 #                                                      # 3,108 chat:train answers, eagle1 and medusa on 1,536,
 #                                                      # eagle3-6k on those and chat:extra's 2,814 more,
 #                                                      # eagle3-10k on those and ~4,000 answers to prompts
-#                                                      # the target wrote itself (headway prompts)
+#                                                      # the target wrote itself (headway prompts);
+#                                                      # eagle3-12k fine-tunes the eagle3-10k heads (init_from)
+#                                                      # on those and ~2,400 more self-written prompts' answers
 #
 # Every step is cached or resumable, so rerunning after an interruption continues where it stopped:
 #   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)
@@ -52,20 +54,29 @@ if [[ -z "${SKIP_TRAIN:-}" ]]; then
         [[ -f runs/smollm2-features-3k/features.json ]] || \
             hw merge runs/smollm2-features runs/smollm2-features-more --output runs/smollm2-features-3k
     fi
-    if [[ " ${KINDS[*]} " == *" eagle3-6k "* || " ${KINDS[*]} " == *" eagle3-10k "* ]]; then  # + chat:extra's 2,814 prompts (~30 min more)
+    if [[ " ${KINDS[*]} " =~ " eagle3-"(6k|10k|12k)" " ]]; then  # + chat:extra's 2,814 prompts (~30 min more)
         # shellcheck disable=SC2086
         hw distill --config configs/distill-smollm2-extra.yaml ${DISTILL_ARGS:-}
         hw features --config configs/features-smollm2-extra.yaml
         [[ -f runs/smollm2-features-6k/features.json ]] || hw merge runs/smollm2-features \
             runs/smollm2-features-more runs/smollm2-features-extra --output runs/smollm2-features-6k
     fi
-    if [[ " ${KINDS[*]} " == *" eagle3-10k "* ]]; then  # + ~4,000 prompts the target writes itself (~50 min more)
+    if [[ " ${KINDS[*]} " =~ " eagle3-"(10k|12k)" " ]]; then  # + ~4,000 prompts the target writes itself (~50 min)
         hw prompts --config configs/prompts-smollm2.yaml
         # shellcheck disable=SC2086
         hw distill --config configs/distill-smollm2-self.yaml ${DISTILL_ARGS:-}
         hw features --config configs/features-smollm2-self.yaml
         [[ -f runs/smollm2-features-10k/features.json ]] || hw merge runs/smollm2-features-6k \
             runs/smollm2-features-self --output runs/smollm2-features-10k
+    fi
+    if [[ " ${KINDS[*]} " == *" eagle3-12k "* ]]; then  # + ~2,400 more of them (~40 min); fine-tunes eagle3-10k
+        [[ -f runs/smollm2-eagle3-10k/final/config.json ]] || hw train --config configs/smollm2-eagle3-10k.yaml
+        hw prompts --config configs/prompts-smollm2-more.yaml
+        # shellcheck disable=SC2086
+        hw distill --config configs/distill-smollm2-self-more.yaml ${DISTILL_ARGS:-}
+        hw features --config configs/features-smollm2-self-more.yaml
+        [[ -f runs/smollm2-features-12k/features.json ]] || hw merge runs/smollm2-features-10k \
+            runs/smollm2-features-self-more --output runs/smollm2-features-12k
     fi
 fi
 HEADS=()

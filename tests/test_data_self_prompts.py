@@ -1,6 +1,7 @@
 """``headway prompts``: user turns the target writes itself (template cut, filters, sampling, resume)."""
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -99,10 +100,12 @@ def rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_prompts_are_written_in_whole_batches_as_distill_rows(chat_dir, tmp_path):
-    path = write_prompts(cfg_for(chat_dir, tmp_path / "out"))
+def test_prompts_are_written_in_whole_batches_as_distill_rows(chat_dir, tmp_path, capsys):
+    path = write_prompts(cfg_for(chat_dir, tmp_path / "out", num=9))
     got = rows(path)
-    assert len(got) >= 10 and len({r["id"] for r in got}) == len(got)
+    assert len(got) >= 9 and len({r["id"] for r in got}) == len(got)
+    progress = re.findall(r"prompts: (\d+)/(\d+) prompts", capsys.readouterr().err)
+    assert progress[-1] == ("9", "9")  # the bar stops at num though the last whole batch passes it (10 rows)
     assert len({normalise(r["prompt"]) for r in got}) == len(got) and all(r["prompt"] for r in got)
     batches = {int(r["id"].split(":")[1]) for r in got}
     settings = json.loads((tmp_path / "out" / "settings.json").read_text())

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from headway.config import load_config
+from headway.config import ConfigError, load_config
 from headway.heads import Eagle1Drafter, Eagle3Drafter, load_heads
 from headway.target import TargetError, load_target
 from headway.testing import save_tiny_target, tiny_target
 from headway.train.batch import collate, target_batch
 from headway.train.config import TrainConfig
+from headway.train.errors import TrainError
 from headway.train.eagle import Eagle1Task, Eagle3Task, feature_batch
 from headway.train.loop import fit, train
 
@@ -101,6 +102,29 @@ def test_drafter_for_another_target_is_refused_naming_both_values(setup, tmp_pat
     wide, _ = tiny_target("llama", hidden_size=32, intermediate_size=64)
     with pytest.raises(TargetError, match=r"hidden_size=64.*hidden_size=32"):
         load_heads(final, target=wide)
+
+
+def test_init_from_starts_from_earlier_heads_and_refuses_other_settings(setup, tmp_path):
+    target, tok = load_target(str(setup[1]), device="cpu")
+    first = fit(config(setup, tmp_path / "a", "eagle3", eval_fraction=0.0), target, tok)
+    same = fit(config(setup, tmp_path / "b", "eagle3", max_steps=0, init_from=str(first)), target, tok)
+    a, b = load_heads(first), load_heads(same)
+    assert a.state_dict().keys() == b.state_dict().keys()
+    assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())  # d2t / t2d included
+    meta = json.loads((same / "config.json").read_text())["metadata"]
+    assert meta["init_from"] == str(first) and meta["draft_vocab"] == a.metadata["draft_vocab"]
+    fit(config(setup, tmp_path / "c", "eagle3", eval_fraction=0.0, init_from=str(first)), target, tok)
+    fresh = losses(tmp_path / "a")
+    assert losses(tmp_path / "c")[0] < fresh[0]  # it goes on from the trained weights, not from scratch
+
+    with pytest.raises(TrainError, match=r"draft_vocab_size: 128 there, 64 in this recipe"):
+        fit(config(setup, tmp_path / "d", "eagle3", init_from=str(first), **{"eagle.draft_vocab_size": 64}),
+            target, tok)
+    with pytest.raises(TrainError, match=r"holds 'eagle3' heads; this recipe trains 'eagle1'"):
+        fit(config(setup, tmp_path / "e", "eagle1", init_from=str(first)), target, tok)
+    with pytest.raises(ConfigError, match="init_layer"):
+        config(setup, tmp_path / "f", "eagle3", init_from=str(first), **{"eagle.init_layer": 0})
+    assert not (tmp_path / "d" / "final").exists() and not (tmp_path / "e" / "final").exists()
 
 
 def greedy_copy(data: Path, out: Path, temperature: float = 0.0) -> Path:

@@ -217,10 +217,11 @@ def write_prompts(cfg: PromptsConfig) -> Path:
                         new.append({"id": f"self:{batch}:{r}", "prompt": text})
                         tokens += len(body)
                 append_rows(path, new)
+                counted = min(len(new), cfg.num - written)  # the last batch may pass num: the bar stops at it
                 written, batch = written + len(new), batch + 1
                 write_json(out / SETTINGS_FILE, {**manifest, "complete": written >= cfg.num, "rows": written,
                                                  "batches": batch, "dropped": dict(dropped + sieve.dropped)})
-                bar.advance(len(new), sum(len(a.tokens) for a in answers))
+                bar.advance(counted, sum(len(a.tokens) for a in answers))
                 empty = 0 if new else empty + 1
                 if empty >= MAX_EMPTY_BATCHES:
                     raise DataError(f"the target wrote no usable user turn in {empty} batches in a row (dropped: "

@@ -160,6 +160,10 @@ class TrainConfig(TargetArgs):
     eval_features: str | None = opt(None, "held-out `headway features` folder for offline mode; None = eval_data "
                                           "if given (the target runs on it), else split eval_fraction off `features`")
     max_length: int = opt(1024, "rows longer than this many tokens are truncated")
+    init_from: str | None = opt(None, "start from these heads (a headway heads folder or Hub id of the same kind, "
+                                      "trained for this target) instead of fresh ones: fine-tune earlier or "
+                                      "published heads on new data; their settings (draft vocabulary, layers) must "
+                                      "be this recipe's. A resumed run continues from its checkpoint instead")
     output_dir: str = opt("runs/headway", "checkpoints, logs and the final heads go here")
     seed: int = opt(0, "seed for initialisation, data order and the eval split")
     max_steps: int | None = opt(None, "stop after this many optimiser steps (overrides epochs)")
@@ -196,6 +200,8 @@ class TrainConfig(TargetArgs):
         check_choice(self.kind, KINDS, "kind")
         check_choice(self.mixed_precision, PRECISIONS, "mixed_precision")
         check_choice(self.report_to, TRACKERS, "report_to")
+        if self.init_from and self.eagle.init_layer is not None and self.kind == "eagle3":
+            raise ConfigError("init_from and eagle.init_layer both set the drafter's first weights; drop one")
         check_numbers(self, "", {"eval_fraction": "in [0, 1)", "max_length": ">= 1", "max_steps": ">= 0",
                                  "epochs": "> 0", "stop_after": ">= 1", "batch_size": ">= 1", "grad_accum": ">= 1",
                                  "group_by_length": ">= 0",

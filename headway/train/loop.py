@@ -46,6 +46,7 @@ from .registry import TASKS
 from .rows import FeatureRows, load_rows, row_lengths
 from .sharding import env_true, full_state, is_sharded, local_part, shard_sizes, shard_target
 from .tasks import ParamGroup, Task
+from .warm_start import warm_start
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -739,6 +740,8 @@ def setup(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any,
     for key, path in features_folders(cfg):  # before heads are sized from the target
         check_features_target(key, path, target, cfg)
     heads = task.build(target)
+    if cfg.init_from:  # a resumed run reads its checkpoint below instead
+        warm_start(heads, cfg.init_from, target, tokenizer)
     model = task.adapt_target(target)
     adapted = model is not target
     keys = stored_keys(task.feature_layers(heads), task.needs_logits())
