@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from headway.config import ConfigError, load_config
-from headway.heads import Eagle1Drafter, Eagle3Drafter, load_heads
+from headway.heads import Eagle1Drafter, Eagle3Drafter, HeadsError, load_heads
 from headway.target import TargetError, load_target
 from headway.testing import save_tiny_target, tiny_target
 from headway.train.batch import collate, target_batch
@@ -120,7 +120,7 @@ def test_init_from_starts_from_earlier_heads_and_refuses_other_settings(setup, t
     with pytest.raises(TrainError, match=r"draft_vocab_size: 128 there, 64 in this recipe"):
         fit(config(setup, tmp_path / "d", "eagle3", init_from=str(first), **{"eagle.draft_vocab_size": 64}),
             target, tok)
-    with pytest.raises(TrainError, match=r"holds 'eagle3' heads; this recipe trains 'eagle1'"):
+    with pytest.raises(HeadsError, match=r"holds 'eagle3' heads, not 'eagle1'"):
         fit(config(setup, tmp_path / "e", "eagle1", init_from=str(first)), target, tok)
     with pytest.raises(ConfigError, match="init_layer"):
         config(setup, tmp_path / "f", "eagle3", init_from=str(first), **{"eagle.init_layer": 0})

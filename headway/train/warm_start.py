@@ -19,17 +19,14 @@ from .errors import TrainError
 def warm_start(heads: HeadsBase, name_or_path: str, target: nn.Module, tokenizer: Any = None) -> HeadsBase:
     """Copy the heads at ``name_or_path`` into ``heads`` (built by the recipe for ``target``); a
     mismatch of kind, target or settings is refused with both values named."""
-    src = load_heads(name_or_path, target=target, tokenizer=tokenizer)
-    if src.kind != heads.kind:
-        raise TrainError(f"init_from {name_or_path} holds '{src.kind}' heads; this recipe trains '{heads.kind}'")
+    src = load_heads(name_or_path, target=target, tokenizer=tokenizer, expected=type(heads))  # refuses another kind
     ours, theirs = asdict(heads.config), asdict(src.config)
     differ = [f"{k}: {theirs.get(k)!r} there, {v!r} in this recipe" for k, v in ours.items() if theirs.get(k) != v]
     if differ:
         raise TrainError(f"init_from {name_or_path} has other settings than this recipe ({'; '.join(differ)})")
     load_state_strict(heads, src.state_dict(), f"init_from {name_or_path}")
-    for key in ("draft_vocab",):  # which tokens the copied d2t holds (calibration is refitted at evaluation)
-        if key in src.metadata:
-            heads.metadata[key] = src.metadata[key]
+    if "draft_vocab" in src.metadata:  # which tokens the copied d2t holds (calibration is refitted at evaluation)
+        heads.metadata["draft_vocab"] = src.metadata["draft_vocab"]
     heads.metadata["init_from"] = str(name_or_path)
     return heads
 
