@@ -30,6 +30,7 @@ TARGET_DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = (*TARGET_DTYPES, "auto")
 HEADS_DTYPES = ("auto", *TARGET_DTYPES)  # auto: the target's dtype
 LINEAR_KERNELS = ("auto", "stock", "weight-major", "native")  # headway.kernels
+VERIFY_LOGITS = ("auto", "all")  # Speculator(verify_logits=): on-demand lm_head rows on CPU, or every node's
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Spellings load_target also takes from Python callers (the CLI offers TARGET_DTYPES only).
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -120,11 +121,14 @@ class DecodeTargetArgs(TargetArgs):
                                      "where a C++ compiler is) on the models' weights and keep the fastest per row "
                                      "count; stock = F.linear; weight-major / native = always (output unchanged)",
                              choices=LINEAR_KERNELS)
+    verify_logits: str = opt("auto", "auto = on CPU a tree's verify forward stops before the lm_head and "
+                                     "projects only the rows verification reads (the accepted path; same "
+                                     "logits); all = project every tree node", choices=VERIFY_LOGITS)
 
     def runtime_kwargs(self) -> dict[str, Any]:
         """The ``Speculator`` keyword arguments these options ask for."""
         return {"heads_dtype": self.heads_dtype, "static_cache": self.static_cache, "compile": self.compile,
-                "linear_kernel": self.linear_kernel}
+                "linear_kernel": self.linear_kernel, "verify_logits": self.verify_logits}
 
 
 def resolve_target_path(name: str) -> str:

@@ -117,6 +117,11 @@ def test_plain_decoding_has_tau_one_and_the_baseline_speedup_is_one(report):
     for m in report["methods"]:
         if m["kind"] == "hf_generate":
             assert m["tau"] == 1.0 and m["speedup"] == 1.0 and m["accepted_per_depth"] == []
+            assert m["acceptance_length"] == 1.0
+        if m["kind"] in ("eagle1", "eagle3") and m["temperature"] == 0:  # the prefill forward left out
+            runs, fwd = m["runs"], m["target_forwards"]
+            assert m["acceptance_length"] == pytest.approx((m["new_tokens"] - runs) / (fwd - runs))
+            assert m["acceptance_length"] >= m["tau"] >= 1.0
         if m["kind"] == "medusa":
             assert len(m["accepted_per_depth"]) == 3  # one rate per tree depth, zeros included
 
@@ -306,6 +311,21 @@ def test_calibration_on_and_off_side_by_side(folders, tmp_path):
     assert all(m["exact_match"] == 1.0 for m in rep["methods"])
     with pytest.raises(ConfigError, match="calibration"):
         load_config(BenchConfig, overrides=["target=x", "calibration=sometimes"])
+
+
+def test_verify_logits_side_by_side(folders):
+    """``--verify-logits auto all``: the on-demand lm_head rows against every node's, both exact; the
+    same trees and tokens, so tau agrees, and the CLI spelling parses."""
+    rep = bench(config(folders, heads=[str(folders / "eagle1")], tree=["dynamic-3-3-8"], verify_logits=["auto", "all"],
+                       temperature=[0.0], baselines=[], assistant=None, repeats=1, warmup=0))
+    rows = {m["name"]: m for m in rep["methods"] if m["kind"] == "eagle1"}
+    assert sorted(rows) == ["eagle1[dynamic-3-3-8]", "eagle1[dynamic-3-3-8][all-logits]"]
+    assert all(m["exact_match"] == 1.0 for m in rows.values())
+    assert len({(m["tau"], m["new_tokens"], m["target_forwards"]) for m in rows.values()}) == 1, [(m["tau"], m["new_tokens"], m["target_forwards"], m["draft_steps"]) for m in rows.values()]
+    cfg = load_config(BenchConfig, overrides=["target=x", "verify_logits=[auto, all]"])
+    assert cfg.verify_logits == ["auto", "all"] and "verify_logits" not in cfg.runtime_kwargs()
+    with pytest.raises(ConfigError, match="verify_logits"):
+        load_config(BenchConfig, overrides=["target=x", "verify_logits=some"])
 
 
 def test_batch_size_benches_batched_greedy_throughput(folders, tmp_path, capsys):

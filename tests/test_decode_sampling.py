@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from headway.decode import Speculator
+from headway.decode.node_logits import NodeProbs
 from headway.decode.sampling import (SamplingParams, processed_probs, sample_from, verify_sample,
                                      verify_sampled_chain)
 from headway.decode.tree import TreeBuffers
@@ -89,7 +90,9 @@ def first_token_states(spec, params, gen):
 
 
 @torch.no_grad()
-def speculative_samples(spec, params, n, seed, verifier=verify_sample):
+def speculative_samples(spec, params, n, seed, verifier=verify_sample, lazy=False):
+    """``lazy``: the verifier reads each node's distribution from the on-demand lm_head rows
+    (``NodeProbs``), as the decoder does for trees on CPU, instead of all of them."""
     gen = torch.Generator().manual_seed(seed)
     first_state = first_token_states(spec, params, gen)
     states, scored_memo, counts = {}, {}, {}
@@ -101,8 +104,9 @@ def speculative_samples(spec, params, n, seed, verifier=verify_sample):
                 scored_memo[prefix] = (st, spec.draft_and_score(st))
             st, scored = scored_memo[prefix]
             u = torch.rand(scored.tree.buffers.size + 1, generator=gen)
-            verdict = verifier(scored.tree.tokens, scored.tree.buffers, processed_probs(scored.logits, params),
-                               u[:-1], u[-1])
+            probs = NodeProbs(scored.node_logits, lambda x: processed_probs(x, params)) if lazy else \
+                processed_probs(scored.logits, params)
+            verdict = verifier(scored.tree.tokens, scored.tree.buffers, probs, u[:-1], u[-1])
             new = scored.tree.tokens[verdict.nodes[1:]].tolist() + [int(verdict.bonus)]
             nxt = prefix + tuple(new)
             if len(nxt) < N_TOKENS and nxt not in states:
@@ -166,6 +170,21 @@ def test_speculative_sampling_matches_target(target, kind, shape):
     assert sum(counts.values()) == N_SAMPLES
     p = chi_square_pvalue(counts, probs, N_SAMPLES)
     assert p > 1e-3, (kind, shape, p, total_variation(counts, probs, N_SAMPLES))
+    assert total_variation(counts, probs, N_SAMPLES) < tv_bound(probs, N_SAMPLES)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_sampling_from_on_demand_rows_matches_target(target, kind):
+    """The decoder's CPU path: a tree's verify forward skips the lm_head and ``verify_sample`` reads
+    the rows of the nodes it walks through (``NodeLogits`` / ``NodeProbs``)."""
+    params = SamplingParams(temperature=1.0)
+    spec = Speculator(target, tiny_tokenizer(), heads_for(kind, target), tree="dynamic-3-3-8")
+    with torch.inference_mode():
+        state = spec.start(torch.tensor([PROMPT]), params, torch.Generator())
+        assert spec.draft_and_score(state).node_logits.lazy
+    probs = exact_distribution(target, params)
+    counts = speculative_samples(spec, params, N_SAMPLES, seed=seed_of(kind, "lazy"), lazy=True)
+    assert chi_square_pvalue(counts, probs, N_SAMPLES) > 1e-3
     assert total_variation(counts, probs, N_SAMPLES) < tv_bound(probs, N_SAMPLES)
 
 

@@ -8,10 +8,11 @@ transformers. Validation that needs the tree code (``parse_shape``) imports it w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import ConfigError, opt
 from ..data.plans import PROMPT_FORMATS
-from ..target import DecodeTargetArgs
+from ..target import VERIFY_LOGITS, DecodeTargetArgs
 from ..decode.args import check_decode_args
 
 
@@ -73,6 +74,10 @@ class BenchConfig(DecodeTargetArgs):
                                       "decoder's default); off: by the raw draft probabilities; 'on off' benches "
                                       "both side by side (chains and static trees are the same either way)",
                                  default_factory=lambda: ["on"], choices=("on", "off"))
+    verify_logits: list[str] = opt(help="auto: on CPU a tree's lm_head rows are projected as verification reads "
+                                        "them (the decoder's default); all: every node's; 'auto all' benches both "
+                                        "side by side (chains project all rows either way)",
+                                   default_factory=lambda: ["auto"], choices=VERIFY_LOGITS)  # type: ignore[assignment]
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
     prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
                                      "user message); chat: always; raw: plain prompts as they are",
@@ -118,6 +123,7 @@ class BenchConfig(DecodeTargetArgs):
         for t in self.temperature:  # finite too
             check_decode_args(self.max_new_tokens, t)
         self.calibration = list(dict.fromkeys(self.calibration))
+        self.verify_logits = list(dict.fromkeys(self.verify_logits))  # type: ignore[assignment]
         self.batch_size = sorted(set(self.batch_size))
         if self.batch_size and self.temperature != [0.0]:
             raise ConfigError(f"'batch_size' benches greedy decoding only (temperature 0); got temperature "
@@ -138,3 +144,10 @@ class BenchConfig(DecodeTargetArgs):
             self.baselines = [b for b in self.baselines if b != "hf-assisted"]
         if self.assistant and "hf-assisted" not in self.baselines:
             raise ConfigError("'assistant' is set but 'baselines' leaves out hf-assisted, the only method using it")
+
+    def runtime_kwargs(self) -> dict[str, Any]:
+        """The ``Speculator`` options shared by every method (``verify_logits`` is looped over)."""
+        kw = super().runtime_kwargs()
+        kw.pop("verify_logits")
+        return kw
+

@@ -100,7 +100,10 @@ class Probe:
     forward is timed, so the target's lm_head inside its own forward is target time, while the
     same module called by a drafter (EAGLE logits) is drafter time."""
 
-    def __init__(self, target: nn.Module, drafter_modules: Sequence[nn.Module]) -> None:
+    def __init__(self, target: nn.Module, drafter_modules: Sequence[nn.Module],
+                 projections: Sequence[nn.Module] = ()) -> None:
+        """``projections``: modules that run part of the target outside its forward (the decoder's
+        on-demand lm_head rows): target time, not target forwards."""
         self.device = next(target.parameters()).device
         self.depth = 0
         self.started = 0.0
@@ -112,17 +115,19 @@ class Probe:
         self._watch(target, "target")
         for m in drafter_modules:
             self._watch(m, "drafter")
+        for m in projections:
+            self._watch(m, "target", forward=False)
 
-    def _watch(self, module: nn.Module, kind: str) -> None:
-        self.handles.append(module.register_forward_pre_hook(lambda m, a: self._enter(kind)))
+    def _watch(self, module: nn.Module, kind: str, forward: bool = True) -> None:
+        self.handles.append(module.register_forward_pre_hook(lambda m, a: self._enter(kind, forward)))
         self.handles.append(module.register_forward_hook(
             lambda m, a, kw, out: self._leave(kind, a, kw, out), with_kwargs=True))
 
-    def _enter(self, kind: str) -> None:
+    def _enter(self, kind: str, forward: bool = True) -> None:
         if self.depth == 0:
             _sync(self.device)
             self.kind, self.started = kind, time.perf_counter()
-            self.target_forwards += kind == "target"
+            self.target_forwards += kind == "target" and forward
         self.depth += 1
 
     def _leave(self, kind: str, args: tuple, kwargs: dict, out: Any) -> None:
@@ -144,7 +149,7 @@ class Probe:
 
 def timed_run(method: Method, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
     """Call ``method.generate`` once under a fresh probe and the wall clock."""
-    probe = Probe(method.target, method.drafter_modules)
+    probe = Probe(method.target, method.drafter_modules, getattr(method, "projections", ()))
     dev = probe.device
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -287,6 +292,8 @@ class HeadwayMethod:
         borrowed = [m for m in (heads.__dict__.get("_target_embed"), heads.__dict__.get("_target_lm_head"))
                     if m is not None]
         self.drafter_modules = [heads, *heads.children(), *borrowed]
+        self.projections = [speculator.projection]  # on-demand lm_head rows: the target's time
+        speculator.uses_lazy_logits()  # its one-off probe forwards, before any timed run counts them
         self.kernels: LinearKernels | None = speculator.kernels
 
     def param_bytes(self) -> int:

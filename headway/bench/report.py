@@ -26,7 +26,9 @@ JSON schema ``headway.bench/1`` (one object; every time is in seconds, every siz
   ``tokens_per_s`` (median over repeats of total tokens / total time over the prompts),
   ``tokens_per_s_by_repeat``, ``speedup`` (median over repeats of the ratio to ``hf_generate``
   at the same temperature in the same repeat), ``tau`` (new tokens / target forwards, prefill
-  forward included: plain decoding is exactly 1.0), ``exact_match`` (fraction of runs whose ids
+  forward included: plain decoding is exactly 1.0), ``acceptance_length`` (new tokens per target
+  forward after the prefill's: EAGLE's and Medusa's average acceptance length per decoding
+  step, the figure their papers report; a little above ``tau`` on short generations), ``exact_match`` (fraction of runs whose ids
   equal HF greedy's token for token; null at temperature > 0), ``mismatches`` (up to 5
   {``prompt``, ``repeat``, ``position``}), ``runs``, ``new_tokens`` and ``target_forwards``
   (totals over the timed runs), ``draft_steps`` (forwards that verified a draft),
@@ -52,7 +54,8 @@ from .methods import Method, Run
 
 SCHEMA = "headway.bench/1"
 METHOD_KEYS = ("name", "kind", "tree", "heads", "temperature", "lossless", "tokens_per_s", "tokens_per_s_by_repeat",
-               "speedup", "tau", "exact_match", "mismatches", "runs", "new_tokens", "target_forwards",
+               "speedup", "tau", "acceptance_length",
+               "exact_match", "mismatches", "runs", "new_tokens", "target_forwards",
                "draft_steps", "accepted_per_depth", "time_target_share", "time_drafter_share", "overhead_share",
                "peak_mem_bytes", "peak_mem_kind", "param_bytes", "peak_kv_bytes", "output_repetition_rate")
 
@@ -107,6 +110,8 @@ def summarize(method: Method, temperature: float, records: Sequence[Record], bas
         "tokens_per_s_by_repeat": list(rates.values()),
         "speedup": statistics.median(rates[r] / base[r] for r in rates if base.get(r)),
         "tau": new_tokens / forwards if forwards else 0.0,
+        # each run's prefill forward emits its first token; the other forwards are decoding steps
+        "acceptance_length": (new_tokens - len(runs)) / (forwards - len(runs)) if forwards > len(runs) else None,
         "exact_match": match, "mismatches": mismatches,
         "runs": len(runs), "new_tokens": new_tokens, "target_forwards": forwards, "draft_steps": steps,
         "accepted_per_depth": [a / steps for a in accepted] if steps else [],
@@ -143,7 +148,8 @@ def render_table(report: dict[str, Any]) -> Any:
              f"{t['device']}) · {report['prompts']['count']} prompts ({escape(fmt)}) × {s['max_new_tokens']} "
              f"new tokens × {s['repeats']} repeats")
     caption = (f"target greedy 4-gram repetition: {report['repetition_rate']:.1%} (high = a looping target; "
-               "acceptance then says little) · τ = new tokens / target forwards · speedup = median per-repeat "
+               "acceptance then says little) · τ = new tokens / target forwards (per decoding step, "
+               "prefill left out, as EAGLE reports it: acceptance_length in the JSON) · speedup = median per-repeat "
                "ratio to hf generate · overhead = time outside target and drafter forwards · "
                f"mem = {report['methods'][0]['peak_mem_kind']} (MiB)")
     plans = sorted(set(s.get("linear_kernels", {}).values()))

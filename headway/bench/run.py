@@ -170,14 +170,17 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
             if tree == "stored":  # tuned: T=0's tree, and the one above 0 where it differs
                 tree, sampling = stored.get("tree"), stored.get("sampling_tree")
             for mode in cfg.calibration:
-                method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, sampling_tree=sampling,
-                                                  calibrate=mode == "on", **cfg.runtime_kwargs()),
-                                       str(path))
-                if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
-                    continue  # the same drafts as the calibrated run: one row is enough
-                methods.append(method)
+                for logits in cfg.verify_logits:
+                    method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, sampling_tree=sampling,
+                                                          calibrate=mode == "on", verify_logits=logits,
+                                                          **cfg.runtime_kwargs()), str(path))
+                    if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
+                        continue  # the same drafts as the calibrated run: one row is enough
+                    methods.append(method)
     # "uncalibrated" only where it can differ: a dynamic tree of heads that carry a calibration
     tags = ["" if m.calibrated or not m.has_calibration else "[uncalibrated]" for m in methods]
+    if len(cfg.verify_logits) > 1:  # side by side: the rows that project every node say so
+        tags = [t + ("[all-logits]" if m.speculator.lazy_logits is False else "") for t, m in zip(tags, methods)]
     names = [f"{m.kind}[{m.tree}]{tag}" for m, tag in zip(methods, tags)]
     for i, m in enumerate(methods):
         m.name = (names[i] if names.count(names[i]) == 1

@@ -27,6 +27,7 @@ import torch
 
 from ..progress import Progress
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
+from ..decode.node_logits import PREFETCH_ROWS
 from ..decode.sampling import SamplingParams
 from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, is_top1_chain,
                              mc_sim_7b_63)
@@ -89,9 +90,12 @@ def forward_cost(spec: Speculator, sizes: list[int], prefix_len: int = 128, repe
     prefix_len = min(prefix_len, spec.max_positions - max(sizes) - 1)
     ids = torch.randint(3, spec.target.config.vocab_size, (1, prefix_len), device=dev)
     out: dict[int, float] = {}
+    lazy = spec.uses_lazy_logits()
     for n in sorted(set(sizes)):
-        # cost depends on the token count, not on the tree's shape: time a causal block of n tokens
+        # cost depends on the token count, not on the tree's shape: time a causal block of n tokens;
+        # with on-demand lm_head rows a tree projects about one prefetch's worth (a chain all of its few)
         mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, spec.dtype)
+        keep = {"logits_to_keep": torch.arange(min(n, PREFETCH_ROWS), device=dev)} if lazy else {}
         times = []
         for _ in range(repeats):
             cache = DynamicCache(config=spec.target.config)
@@ -100,7 +104,7 @@ def forward_cost(spec: Speculator, sizes: list[int], prefix_len: int = 128, repe
             t = time.perf_counter()
             with spec.kernels():  # the linear kernel the decoder's verify forward runs with
                 spec.target(input_ids=tok, cache=cache, use_cache=True, attention_mask=mask,
-                            position_ids=(torch.arange(n, device=dev) + prefix_len)[None])
+                            position_ids=(torch.arange(n, device=dev) + prefix_len)[None], **keep)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
             times.append(time.perf_counter() - t)

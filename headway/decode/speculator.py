@@ -8,6 +8,7 @@ the longest agreeing path plus one bonus token is emitted; the cache keeps the a
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +22,14 @@ from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from .args import DecodeError, check_decode_args
 from .kv import keep_accepted, new_cache, static_length, tree_mask
+from .node_logits import NodeLogits, NodeProbs, Projection, head_matches_logits
 from .proposers import EagleProposer, hidden_index, make_proposer
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
                        verify_typical)
 from .shapes import (DraftTree, DynamicShape, Proposer, StaticShape, TreeShape, build_sampled_chain, build_tree, chain,
                      is_chain, parse_shape)
 from .stats import GenerationOutput, GenerationStats, _record_depths, _sync  # noqa: F401  (re-exported)
-from .verify import Verdict, verify_greedy
+from .verify import Verdict, verify_greedy, verify_greedy_walk
 
 if TYPE_CHECKING:
     from .batch import BatchOutput
@@ -49,10 +51,15 @@ class Scored:
     """A drafted tree after the target's verify forward."""
 
     tree: DraftTree
-    logits: torch.Tensor  # (N, V) target logits at every node
+    node_logits: NodeLogits  # target logits at the nodes, projected when verification reads them
     features: list[torch.Tensor]  # per feature layer (N, H) target hidden states at every node
     verify_time: float
     draft_probs: torch.Tensor | None = None  # (depth, V) when the chain's drafts were sampled
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(N, V) target logits at every node (all rows projected)."""
+        return self.node_logits.all()
 
 
 class Speculator:
@@ -63,7 +70,8 @@ class Speculator:
                  max_depth: int | None = None, typical: tuple[float, float] | None = None,
                  sampled_drafts: bool = True, sampling_tree: TreeShape | str | None = None,
                  calibrate: bool = True, heads_dtype: str | torch.dtype | None = "auto",
-                 static_cache: bool = False, compile: bool = False, linear_kernel: str = "auto") -> None:
+                 static_cache: bool = False, compile: bool = False, linear_kernel: str = "auto",
+                 verify_logits: str = "auto") -> None:
         """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
         LOSSY (faster, but the output no longer follows the target's distribution); off by default.
         ``sampled_drafts``: at temperature > 0 a chain's drafts are drawn from the drafter's
@@ -87,7 +95,10 @@ class Speculator:
         (``headway.native``, where it builds) on the models' own weights (once per thread count, on
         first use) and keeps the fastest per row count; ``stock`` is
         ``F.linear`` everywhere (and with ``compile``). Only the target's and the heads' forwards
-        inside a generation see it."""
+        inside a generation see it. ``verify_logits``: ``auto`` verifies a tree (not a chain) on CPU
+        with the target's lm_head projected only at the nodes verification reads (``NodeLogits``;
+        the same logits, ~tau rows instead of N), where the architecture's logits are its lm_head's
+        output (checked once) and nothing is compiled; ``all`` projects every node."""
         from ..kernels import LinearKernels
         from .runtime import compile_heads, compile_verify, heads_dtype_for
 
@@ -116,6 +127,14 @@ class Speculator:
         self._layers = [hidden_index(i, L) for i in proposer.feature_layers]
         self._shape_cache: dict[tuple[int, int], TreeShape] = {}
         self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
+        # a tree's verify forward stops before the lm_head, whose rows are projected as verification
+        # reads them (``decode/node_logits.py``): None decides on first use (CPU, not compiled, and the
+        # architecture's logits are its lm_head's output); False always projects every node
+        if verify_logits not in ("auto", "all"):
+            raise DecodeError(f"verify_logits must be auto or all, got {verify_logits!r}")
+        self.lazy_logits: bool | None = None if verify_logits == "auto" and not compile else False
+        self._keeps_logits = "logits_to_keep" in inspect.signature(target.forward).parameters
+        self.projection = Projection(target.get_output_embeddings())  # lm_head calls of on-demand rows
         self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
 
     # -- construction ------------------------------------------------------------------------
@@ -127,7 +146,8 @@ class Speculator:
                         calibrate: bool = True, device_map: str | dict[str, Any] | None = None,
                         attn_implementation: str | None = None, heads_dtype: str | torch.dtype | None = "auto",
                         static_cache: bool = False, compile: bool = False,
-                        linear_kernel: str = "auto", sampling_tree: TreeShape | str | None = None) -> "Speculator":
+                        linear_kernel: str = "auto", sampling_tree: TreeShape | str | None = None,
+                        verify_logits: str = "auto") -> "Speculator":
         """``adapter``: a PEFT adapter merged into a target given by name; by default the one the heads
         checkpoint names (Medusa-2 heads are trained on an adapted target, which is the one whose
         output they reproduce). A target given as a model object is used as it is. ``device_map``,
@@ -157,7 +177,7 @@ class Speculator:
             tree, sampling_tree = stored.get("tree"), sampling_tree or stored.get("sampling_tree")
         spec = cls(target, tokenizer, heads, tree, max_depth, typical, sampling_tree=sampling_tree,
                    calibrate=calibrate, heads_dtype=heads_dtype, static_cache=static_cache, compile=compile,
-                   linear_kernel=linear_kernel)
+                   linear_kernel=linear_kernel, verify_logits=verify_logits)
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
@@ -256,9 +276,18 @@ class Speculator:
             return make_batch_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
         return RowsProposer([self.new_proposer() for _ in range(rows)])
 
-    def _forward(self, ids: torch.Tensor, cache: Cache, verify: bool = False, **kw: Any) -> Any:
+    def _forward(self, ids: torch.Tensor, cache: Cache, verify: bool = False, layers: list[int] | None = None,
+                 **kw: Any) -> Any:
         fn = self._verify_forward if verify else self.target  # compiled with ``compile``: the tree forward only
-        return fn(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=self._layers, **kw)
+        return fn(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=layers or self._layers, **kw)
+
+    def uses_lazy_logits(self) -> bool:
+        """Whether trees are verified with on-demand lm_head rows (decided once, on first use)."""
+        if self.lazy_logits is None:
+            probe = torch.tensor([[1, 2, 3, 4]], device=self.device)
+            self.lazy_logits = self.device.type == "cpu" and head_matches_logits(
+                self.target, int(self.target.config.num_hidden_layers), probe)
+        return self.lazy_logits
 
     def new_cache(self, prompt_len: int, max_new_tokens: int | None) -> Cache:
         """The target cache of one generation: a StaticCache of prompt + max_new_tokens + tree
@@ -277,7 +306,8 @@ class Speculator:
               max_new_tokens: int | None = None) -> DecodeState:
         """Prefill the target and the proposer; the first token comes from the target alone."""
         cache = self.new_cache(input_ids.shape[1], max_new_tokens)
-        out = self._forward(input_ids, cache)
+        # only the last position's logits are read: skip the lm_head over the prompt, as HF generate does
+        out = self._forward(input_ids, cache, **({"logits_to_keep": 1} if self._keeps_logits else {}))
         first = self._choose(out.logits[0, -1], params, gen)
         proposer = self.new_proposer()
         proposer.prefill(input_ids, [f[None] for f in self._features(out, slice(None))], first)
@@ -302,13 +332,22 @@ class Speculator:
         else:
             tree = build_tree(shape, state.proposer, root)
         state.proposer.end_tree()
+        # a chain's rows are projected together anyway, and typical acceptance reads every node
+        lazy = not is_chain(shape) and self.typical is None and self.uses_lazy_logits()
+        last = int(self.target.config.num_hidden_layers)  # its hidden states are the lm_head's input
+        extra: dict[str, Any] = {}
+        if lazy:
+            extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=self.device),
+                         layers=sorted(set(self._layers) | {last}))
         _sync(self.device)
         t = time.perf_counter()
         b = tree.buffers
         out = self._forward(tree.tokens[None], state.cache, verify=True, position_ids=(b.depth + P)[None],
-                            attention_mask=tree_mask(b.visible, P, self.dtype, static_length(state.cache)))
+                            attention_mask=tree_mask(b.visible, P, self.dtype, static_length(state.cache)), **extra)
         _sync(self.device)
-        return Scored(tree, out.logits[0], self._features(out, slice(None)), time.perf_counter() - t, draft_probs)
+        node_logits = NodeLogits(b.parents, hidden=out.hidden_states[last][0], head=self.projection) if lazy else \
+            NodeLogits(b.parents, full=out.logits[0])
+        return Scored(tree, node_logits, self._features(out, slice(None)), time.perf_counter() - t, draft_probs)
 
     def commit(self, state: DecodeState, scored: Scored, verdict: Verdict) -> list[int]:
         """Keep the accepted KV entries, tell the proposer, append the emitted tokens (accepted path +
@@ -349,6 +388,7 @@ class Speculator:
         stats.prompt_tokens = n
         eos = self._eos_ids()
         self.kernels.plan()  # probed on first use (auto): not part of the generation's time
+        self.uses_lazy_logits()  # likewise its one-off check
         t_start = time.perf_counter()
         with self.kernels():
             state = self.start(input_ids, params, gen, max_new_tokens)
@@ -363,7 +403,7 @@ class Speculator:
             with self.kernels():  # the drafter's and the target's forwards (commit may run the drafter)
                 scored = self.draft_and_score(state, params, gen)
                 t2 = time.perf_counter()
-                verdict = self._verify(scored.tree.tokens, scored.tree.buffers, scored.logits, params, gen,
+                verdict = self._verify(scored.tree.tokens, scored.tree.buffers, scored.node_logits, params, gen,
                                        scored.draft_probs)
                 before = len(emitted)
                 self.commit(state, scored, verdict)
@@ -375,9 +415,10 @@ class Speculator:
             if stop and not done:
                 done = self._stop_strings(emitted, stop, stats)[1]
             _sync(self.device)
-            stats.time_verify += scored.verify_time
+            projected = scored.node_logits.seconds  # lm_head rows read by verification: the target's time
+            stats.time_verify += scored.verify_time + projected
             stats.time_draft += t2 - t0 - scored.verify_time
-            stats.time_bookkeeping += time.perf_counter() - t2
+            stats.time_bookkeeping += time.perf_counter() - t2 - projected
             yield emitted[before:]
         stats.time_total = time.perf_counter() - t_start
 
@@ -386,16 +427,22 @@ class Speculator:
             return logits.argmax(-1)
         return sample_from(processed_probs(logits, params), torch.rand((), generator=gen).to(logits.device))
 
-    def _verify(self, tokens: torch.Tensor, b: Any, logits: torch.Tensor, params: SamplingParams,
+    def _verify(self, tokens: torch.Tensor, b: Any, logits: NodeLogits | torch.Tensor, params: SamplingParams,
                 gen: torch.Generator, draft_probs: torch.Tensor | None = None) -> Verdict:
+        """The accepted path and bonus token. ``logits``: every node's (N, V), or a ``NodeLogits``
+        whose rows are projected as they are read (only the accepted path's, when lazy)."""
+        if isinstance(logits, torch.Tensor):
+            logits = NodeLogits(b.parents, full=logits)
         if params.greedy:
-            return verify_greedy(tokens, b, logits)
-        u = torch.rand(b.size + 1, generator=gen).to(logits.device)
+            return verify_greedy_walk(tokens, b, logits) if logits.lazy else verify_greedy(tokens, b, logits.all())
+        u = torch.rand(b.size + 1, generator=gen).to(tokens.device)
         if draft_probs is not None:
-            return verify_sampled_chain(tokens, processed_probs(logits, params), draft_probs, u[:-1], u[-1])
+            return verify_sampled_chain(tokens, processed_probs(logits.all(), params), draft_probs, u[:-1], u[-1])
         if self.typical is not None:
-            return verify_typical(tokens, b, processed_probs(logits, params), *self.typical, u[-1])
-        return verify_sample(tokens, b, processed_probs(logits, params), u[:-1], u[-1])
+            return verify_typical(tokens, b, processed_probs(logits.all(), params), *self.typical, u[-1])
+        probs: Any = NodeProbs(logits, lambda x: processed_probs(x, params)) if logits.lazy else \
+            processed_probs(logits.all(), params)
+        return verify_sample(tokens, b, probs, u[:-1], u[-1])
 
     @staticmethod
     def _stopped(emitted: list[int], eos: set[int], max_new: int, stats: GenerationStats, n_new: int = 1) -> bool:

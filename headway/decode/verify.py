@@ -7,6 +7,7 @@ random draws, which are an argument so tests are deterministic.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,3 +41,20 @@ def verify_greedy(tokens: torch.Tensor, buffers: TreeBuffers, target_logits: tor
     n = int(length[best])  # the one sync per step
     nodes = paths[best, :n]
     return Verdict(nodes, pred[nodes[-1]])
+
+
+def verify_greedy_walk(tokens: torch.Tensor, buffers: TreeBuffers, logits: Any) -> Verdict:
+    """``verify_greedy`` reading the target's logits only along the accepted path: from the root,
+    step to the child whose token is the target's argmax until none is. ``logits[node]`` gives (V,)
+    (a ``NodeLogits`` computes it then). Siblings carry distinct tokens, so the path is the same."""
+    children: dict[tuple[int, int], int] = {}
+    for i, (p, t) in enumerate(zip(buffers.parents.tolist()[1:], tokens.tolist()[1:]), start=1):
+        children.setdefault((p, t), i)
+    path, node = [0], 0
+    while True:
+        best = logits[node].argmax(-1)
+        child = children.get((node, int(best)))  # the one sync per accepted node
+        if child is None:
+            return Verdict(torch.tensor(path, device=tokens.device), best)
+        path.append(child)
+        node = child
