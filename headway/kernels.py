@@ -37,8 +37,10 @@ from . import native
 from .target import LINEAR_KERNELS as KERNELS  # the config choices (target.py stays light for --help)
 # row buckets: a linear over n rows uses the choice of the first bucket bound >= n; past the last
 # bound (prefill) it stays stock. Wide trees verify 17-64 tokens: there the native kernel, on both
-# threads of a 2-core EPYC, still beat MKL over SmolLM2's linears (24 rows: 51 vs 76 ms; 64: 128 vs 133)
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# threads of a 2-core EPYC, still beat MKL over SmolLM2's linears (24 rows: 51 vs 76 ms; 64: 128 vs 133).
+# Bounds between the powers of two: on a 2-core Xeon at 1 thread native beat MKL at 9-12 rows (101-113
+# vs 123-161 ms) and lost at 16 (162-170 vs 131-139), so a 9-16 bucket timed at 16 ran 9 rows stock
+BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 MAX_PAD = 8  # row counts up to this may run padded to the next power of two
 
 
@@ -175,8 +177,8 @@ def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05
     power of two where that is ``margin`` faster than n columns (only that width: a noisy probe of
     many widths would pick far ones). A bucket runs the faster of weight-major and native where
     that is ``margin`` faster than stock at its bound. Native is timed where it builds here and the
-    weights are float32 (``with_native`` forces either way). 17 x reps passes over the weights
-    of 1-64 rows (~5 s for a 135M model on 2 cores), 7 x reps more with native."""
+    weights are float32 (``with_native`` forces either way). 23 x reps passes over the weights
+    of 1-64 rows (~7 s for a 135M model on 2 cores), 10 x reps more with native."""
     cpu = [m for m in linears if m.weight.device.type == "cpu"]
     if not cpu:
         return LinearPlan()

@@ -30,18 +30,19 @@ def test_weight_major_equals_f_linear(shape, bias, width):
 
 
 def test_plan_buckets_by_hand():
-    plan = LinearPlan((S, W, W, S, W))  # buckets 1 | 2 | 3-4 | 5-8 | 9-16
-    assert [plan.use(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 500)] == \
-        [False, True, True, True, False, False, True, True, False, False]
-    assert plan.describe() == "weight-major at 2, 3-4, 9-16 rows"
+    plan = LinearPlan((S, W, W, S, W))  # buckets 1 | 2 | 3-4 | 5-8 | 9-12; the rest stock
+    assert [plan.use(n) for n in (1, 2, 3, 4, 5, 8, 9, 12, 13, 16, 500)] == \
+        [False, True, True, True, False, False, True, True, False, False, False]
+    assert plan.describe() == "weight-major at 2, 3-4, 9-12 rows"
     mixed = LinearPlan((S, N, W, N, S), widths=(2, 2, 4))
     assert [mixed.kernel(n) for n in (1, 2, 3, 4, 5, 8, 9, 17)] == [S, N, W, W, N, N, S, S]
     assert mixed.describe() == "native at 2, 5-8 rows; weight-major at 3-4 rows (3 as 4)"
     assert LinearPlan.everywhere(N).kernel(64) == N and LinearPlan.everywhere(N).kernel(65) == S
     assert LinearPlan().describe() == "stock" and not LinearPlan().active
     assert LinearPlan.everywhere().use(64) and not LinearPlan.everywhere().use(65)  # prefill stays stock
-    wide = LinearPlan((S, S, S, S, S, N, W))  # buckets 17-32 | 33-64
+    wide = LinearPlan((S,) * 6 + (N, N, W, W))  # buckets 17-24 | 25-32 | 33-48 | 49-64
     assert [wide.kernel(n) for n in (16, 17, 32, 33, 64, 65)] == [S, N, N, W, W, S]
+    assert wide.describe() == "native at 17-24, 25-32 rows; weight-major at 33-48, 49-64 rows"
     padded = LinearPlan((S, W, W, S, S), widths=(2, 2, 4, 4, 8))
     assert [padded.width(n) for n in (1, 2, 3, 4, 5, 6, 9)] == [2, 2, 4, 4, 8, 6, 9]  # past the tuple: its own
     assert padded.describe() == "weight-major at 2, 3-4 rows (3 as 4)"  # 5 as 8 runs stock: not named
@@ -95,18 +96,19 @@ def test_probe_picks_the_faster_kernel_per_bucket(monkeypatch):
     """The decision, with a fake clock. Widths: 3 rows run as 4 (faster by more than the margin), 5
     and 6 at their own count (8 is within the margin, or slower), 7 as 8, 1 as 2; never another width
     than the next power of two (2 columns are the fastest of all here). Buckets: weight-major at 2 and
-    3-4 (faster), stock at 1 (slower), 5-8 (within the margin), 16 (equal), 32 (slower) and 64 (within
-    the margin)."""
-    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.05, 16: 4.0, 32: 8.0, 64: 16.0},
-            "weight-major": {2: 1.0, 3: 1.5, 4: 1.2, 5: 2.0, 6: 1.9, 7: 2.1, 8: 1.96, 16: 4.0, 32: 9.0, 64: 15.5}}
+    3-4 (faster) and 9-12 (faster), stock at 1 (slower), 5-8 (within the margin), 16 (equal), 24 and 32
+    (slower), 48 and 64 (within the margin)."""
+    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.05, 12: 3.0, 16: 4.0, 24: 6.0, 32: 8.0, 48: 12.0, 64: 16.0},
+            "weight-major": {2: 1.0, 3: 1.5, 4: 1.2, 5: 2.0, 6: 1.9, 7: 2.1, 8: 1.96, 12: 2.5, 16: 4.0, 24: 7.0,
+                             32: 9.0, 48: 11.7, 64: 15.5}}
     timed = []
     monkeypatch.setattr(kernels, "_time", lambda linears, rows, kernel: timed.append((kernel, rows))
                         or cost[kernel][rows])
     plan = probe_plan([nn.Linear(4, 4)], margin=0.05, with_native=False)
     assert plan.widths == (2, 2, 4, 4, 5, 6, 8, 8)
-    assert plan.kernels == (S, W, W, S, S, S, S)
-    assert plan.describe() == "weight-major at 2, 3-4 rows (3 as 4)"  # 7 as 8 runs stock: not named
-    assert len(timed) == 2 + 2 * 17  # warm-up, then each of the 7 stock and 10 weight-major passes twice
+    assert plan.kernels == (S, W, W, S, W, S, S, S, S, S)
+    assert plan.describe() == "weight-major at 2, 3-4, 9-12 rows (3 as 4)"  # 7 as 8 runs stock: not named
+    assert len(timed) == 2 + 2 * 23  # warm-up, then each of the 10 stock and 13 weight-major passes twice
     assert probe_plan([]) == LinearPlan()  # nothing on the CPU: stock
 
 

@@ -92,21 +92,23 @@ def test_plan_runs_native_where_it_says_and_stock_where_it_does_not_fit(built, m
 
 
 def test_probe_picks_native_where_it_is_fastest(monkeypatch):
-    """Fake clock: native wins at 1, 4, 8 and 32 rows; weight-major at 2; stock at 16 and 64 (native
-    within the margin). Without native (a bf16 target, or no build) the same clock gives weight-major
-    or stock."""
-    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0, 16: 4.0, 32: 8.0, 64: 16.0},
-            "weight-major": {2: 0.9, 3: 1.5, 4: 1.5, 5: 2.0, 6: 2.0, 7: 2.0, 8: 1.5, 16: 4.0, 32: 8.0, 64: 16.0},
-            "native": {1: 0.8, 2: 1.0, 4: 1.0, 8: 1.2, 16: 3.9, 32: 6.0, 64: 15.5}}
+    """Fake clock: native wins at 1, 4, 8, 12, 24 and 32 rows; weight-major at 2; stock at 16, 48 and
+    64 (native within the margin). Without native (a bf16 target, or no build) the same clock gives
+    weight-major or stock."""
+    cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0, 12: 3.0, 16: 4.0, 24: 6.0, 32: 8.0, 48: 12.0, 64: 16.0},
+            "weight-major": {2: 0.9, 3: 1.5, 4: 1.5, 5: 2.0, 6: 2.0, 7: 2.0, 8: 1.5, 12: 3.0, 16: 4.0, 24: 6.0,
+                             32: 8.0, 48: 12.0, 64: 16.0},
+            "native": {1: 0.8, 2: 1.0, 4: 1.0, 8: 1.2, 12: 2.0, 16: 3.9, 24: 5.0, 32: 6.0, 48: 11.9, 64: 15.5}}
     timed = []
     monkeypatch.setattr(kernels, "_time", lambda linears, rows, kernel: timed.append((kernel, rows))
                         or cost[kernel][rows])
     plan = probe_plan([nn.Linear(4, 4)], margin=0.05, with_native=True)
-    assert plan.kernels == ("native", "weight-major", "native", "native", "stock", "native", "stock")
-    assert plan.describe() == "native at 1, 3-4, 5-8, 17-32 rows; weight-major at 2 rows"
-    assert len(timed) == 3 + 2 * (17 + 7)  # warm-ups, then 7 stock, 10 weight-major and 7 native passes, twice
+    assert plan.kernels == ("native", "weight-major", "native", "native", "native", "stock", "native", "native",
+                            "stock", "stock")
+    assert plan.describe() == "native at 1, 3-4, 5-8, 9-12, 17-24, 25-32 rows; weight-major at 2 rows"
+    assert len(timed) == 3 + 2 * (23 + 10)  # warm-ups, then 10 stock, 13 weight-major and 10 native passes, twice
     assert probe_plan([nn.Linear(4, 4)], with_native=False).kernels == \
-        ("weight-major",) * 4 + ("stock",) * 3  # 1 row runs as 2 columns
+        ("weight-major",) * 4 + ("stock",) * 6  # 1 row runs as 2 columns
     monkeypatch.setattr(native, "native_kernel", lambda: pytest.fail("a bf16 model must not build or time it"))
     bf16 = nn.Linear(4, 4).bfloat16()
     assert "native" not in probe_plan([bf16]).kernels
