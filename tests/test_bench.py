@@ -316,10 +316,10 @@ def test_calibration_on_and_off_side_by_side(folders, tmp_path):
 def test_verify_logits_side_by_side(folders):
     """``--verify-logits auto all``: the on-demand lm_head rows against every node's, both exact; the
     same trees and tokens, so tau agrees, and the CLI spelling parses."""
-    rep = bench(config(folders, heads=[str(folders / "eagle1")], tree=["dynamic-3-3-8"], verify_logits=["auto", "all"],
+    rep = bench(config(folders, heads=[str(folders / "eagle1")], tree=["dynamic-3-3-10"], verify_logits=["auto", "all"],
                        temperature=[0.0], baselines=[], assistant=None, repeats=1, warmup=0))
     rows = {m["name"]: m for m in rep["methods"] if m["kind"] == "eagle1"}
-    assert sorted(rows) == ["eagle1[dynamic-3-3-8]", "eagle1[dynamic-3-3-8][all-logits]"]
+    assert sorted(rows) == ["eagle1[dynamic-3-3-10]", "eagle1[dynamic-3-3-10][all-logits]"]
     assert all(m["exact_match"] == 1.0 for m in rows.values())
     assert len({(m["tau"], m["new_tokens"], m["target_forwards"]) for m in rows.values()}) == 1, [(m["tau"], m["new_tokens"], m["target_forwards"], m["draft_steps"]) for m in rows.values()]
     cfg = load_config(BenchConfig, overrides=["target=x", "verify_logits=[auto, all]"])
@@ -368,7 +368,7 @@ def test_weight_major_baseline_and_the_kernel_plan_are_reported(folders):
     assert kinds == ["hf_generate", "hf_weight_major", "hf_prompt_lookup", "medusa"]
     assert all(m["exact_match"] == 1.0 for m in rep["methods"])
     assert rep["methods"][1]["tau"] == 1.0 and rep["methods"][2]["tau"] > 1.0  # plain decoding; drafts
-    everywhere = "weight-major at 1, 2, 3-4, 5-8, 9-16, 17-32, 33-64 rows"
+    everywhere = "weight-major at 1, 2, 3-4, 5-8, 9-12, 13-16, 17-24, 25-32, 33-48, 49-64 rows"
     assert rep["settings"]["linear_kernels"] == {"hf-weight-major": everywhere, "medusa[chain-3]": everywhere,
                                                  "hf-prompt-lookup-weight-major": everywhere}
     assert "linear kernel: weight-major at 1" in render_table(rep).caption

@@ -79,11 +79,13 @@ class RowCounter:
     """Counts the rows that go through the target's lm_head."""
 
     def __init__(self, model):
-        self.rows = 0
+        self.rows = self.calls = 0
         model.get_output_embeddings().register_forward_hook(self)
 
     def __call__(self, module, args, out):
-        self.rows += args[0].reshape(-1, args[0].shape[-1]).shape[0]
+        n = args[0].reshape(-1, args[0].shape[-1]).shape[0]
+        self.rows += n
+        self.calls += n > 0  # a forward with logits_to_keep = no rows still calls it, on none
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
@@ -121,8 +123,13 @@ def test_lazy_verification_is_exact_and_projects_fewer_rows(arch):
     assert rows["auto"] < 0.75 * rows["all"], rows
 
 
-def test_chains_and_sampled_chains_project_every_row_in_the_forward():
+def test_small_trees_and_chains_project_every_row_in_the_forward():
+    """Up to PREFETCH_ROWS nodes cost one projection either way, and a walk off the first-child chain
+    would cost a second: small trees and chains keep the forward's own projection."""
     model, tok = tiny_target("llama")
+    small = Speculator(model, tok, make_heads("eagle3", model), tree="static:[[0],[1],[2],[0,0]]")
+    with torch.inference_mode():
+        assert not small.draft_and_score(small.start(small.encode([5, 6, 7]), *_greedy())).node_logits.lazy
     spec = Speculator(model, tok, make_heads("eagle3", model), tree="chain-4")
     out = spec.generate([5, 6, 7], max_new_tokens=6)
     assert out.ids == reference(model, [5, 6, 7], 6)

@@ -151,7 +151,9 @@ def _generate(spec: Speculator, ids: list[list[int]], max_new_tokens: int) -> Ba
     # -- prefill: left-padded prompts, one forward --------------------------------------------
     tokens, valid, pos = left_pad(ids, pad, dev)  # (B, n) each
     batch = _Batch(DynamicCache(config=spec.target.config), valid, spec.new_batch_proposer(len(ids)))
-    out = spec._forward(tokens, batch.cache, position_ids=pos, attention_mask=additive(prefill_mask(valid), dtype))
+    keep = {"logits_to_keep": 1} if spec._keeps_logits else {}  # left-padded: the last column is every row's last
+    out = spec._forward(tokens, batch.cache, position_ids=pos, attention_mask=additive(prefill_mask(valid), dtype),
+                        **keep)
     first = out.logits[:, -1].argmax(-1)  # (B,)
     batch.proposer.prefill(tokens, valid, pos, [out.hidden_states[i] for i in spec._layers], first)
     for b, row_ids in enumerate(ids):

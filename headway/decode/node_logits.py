@@ -57,11 +57,16 @@ class NodeLogits:
             return self.full[node]
         node = int(node)
         if node not in self.rows:
-            rows = [node]
-            while len(rows) < PREFETCH_ROWS and rows[-1] in self._first_child:
-                rows.append(self._first_child[rows[-1]])
-            self._project(rows)
+            self._project(self.prefetch(node))
         return self.rows[node]
+
+    def prefetch(self, node: int) -> list[int]:
+        """The rows projected when ``node`` is read: it and its first-child chain, at most
+        ``PREFETCH_ROWS``."""
+        rows = [node]
+        while len(rows) < PREFETCH_ROWS and rows[-1] in self._first_child:
+            rows.append(self._first_child[rows[-1]])
+        return rows
 
     def all(self) -> torch.Tensor:
         """(N, V) every row (one projection of the rows not read yet)."""

@@ -22,7 +22,7 @@ from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from .args import DecodeError, check_decode_args
 from .kv import keep_accepted, new_cache, static_length, tree_mask
-from .node_logits import NodeLogits, NodeProbs, Projection, head_matches_logits
+from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs, Projection, head_matches_logits
 from .proposers import EagleProposer, hidden_index, make_proposer
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
                        verify_typical)
@@ -95,8 +95,8 @@ class Speculator:
         (``headway.native``, where it builds) on the models' own weights (once per thread count, on
         first use) and keeps the fastest per row count; ``stock`` is
         ``F.linear`` everywhere (and with ``compile``). Only the target's and the heads' forwards
-        inside a generation see it. ``verify_logits``: ``auto`` verifies a tree (not a chain) on CPU
-        with the target's lm_head projected only at the nodes verification reads (``NodeLogits``;
+        inside a generation see it. ``verify_logits``: ``auto`` verifies a tree of more than 8 nodes on
+        CPU with the target's lm_head projected only at the nodes verification reads (``NodeLogits``;
         the same logits, ~tau rows instead of N), where the architecture's logits are its lm_head's
         output (checked once) and nothing is compiled; ``all`` projects every node."""
         from ..kernels import LinearKernels
@@ -332,8 +332,10 @@ class Speculator:
         else:
             tree = build_tree(shape, state.proposer, root)
         state.proposer.end_tree()
-        # a chain's rows are projected together anyway, and typical acceptance reads every node
-        lazy = not is_chain(shape) and self.typical is None and self.uses_lazy_logits()
+        # up to PREFETCH_ROWS nodes cost one projection either way (and a walk off the first-child chain
+        # would cost a second); a chain's rows go together; typical acceptance reads every node
+        lazy = tree.buffers.size > PREFETCH_ROWS and not is_chain(shape) and self.typical is None \
+            and self.uses_lazy_logits()
         last = int(self.target.config.num_hidden_layers)  # its hidden states are the lm_head's input
         extra: dict[str, Any] = {}
         if lazy:
