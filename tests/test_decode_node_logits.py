@@ -108,6 +108,10 @@ def test_lazy_verification_is_exact_and_projects_fewer_rows(arch):
             spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), V, seed=i)
             out = spec.generate(p, max_new_tokens=40)
             assert out.ids == ref, (arch, mode, i)
+            st = out.stats
+            assert st.tree_nodes == 16 * st.target_forwards
+            assert (st.projected_rows < st.tree_nodes) if mode == "auto" else (st.projected_rows == st.tree_nodes)
+            assert ("lm_head over" in st.summary()) == (mode == "auto")
             outs[mode].append(out.ids)
         rows[mode] = counter.rows
         assert spec.lazy_logits is (mode == "auto")

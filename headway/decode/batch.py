@@ -202,6 +202,8 @@ def _generate(spec: Speculator, ids: list[list[int]], max_new_tokens: int) -> Ba
             r.emitted += path_tokens[1:].tolist()
             del r.emitted[max_new_tokens:]
             r.stats.target_forwards += 1
+            r.stats.tree_nodes += r.tree.tokens.numel()
+            r.stats.projected_rows += r.tree.tokens.numel()  # the batch's forward projects every node
             _record_depths(r.stats, v)
             r.stats.new_tokens = len(r.emitted)
             if spec._stopped(r.emitted, eos, max_new_tokens, r.stats, len(r.emitted) - before):

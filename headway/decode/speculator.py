@@ -127,6 +127,7 @@ class Speculator:
         self._layers = [hidden_index(i, L) for i in proposer.feature_layers]
         self._shape_cache: dict[tuple[int, int], TreeShape] = {}
         self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
+        self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
         # a tree's verify forward stops before the lm_head, whose rows are projected as verification
         # reads them (``decode/node_logits.py``): None decides on first use (CPU, not compiled, and the
         # architecture's logits are its lm_head's output); False always projects every node
@@ -135,7 +136,6 @@ class Speculator:
         self.lazy_logits: bool | None = None if verify_logits == "auto" and not compile else False
         self._keeps_logits = "logits_to_keep" in inspect.signature(target.forward).parameters
         self.projection = Projection(target.get_output_embeddings())  # lm_head calls of on-demand rows
-        self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -411,6 +411,9 @@ class Speculator:
                 self.commit(state, scored, verdict)
             del emitted[max_new_tokens:]
             stats.target_forwards += 1
+            nodes = scored.tree.buffers.size
+            stats.tree_nodes += nodes
+            stats.projected_rows += len(scored.node_logits.rows) if scored.node_logits.lazy else nodes
             _record_depths(stats, verdict)
             stats.new_tokens = len(emitted)
             done = self._stopped(emitted, eos, max_new_tokens, stats, len(emitted) - before)

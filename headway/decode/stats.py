@@ -16,6 +16,8 @@ class GenerationStats:
     new_tokens: int = 0
     target_forwards: int = 0  # verification forwards (prefill not counted)
     accepted_per_depth: list[int] = field(default_factory=list)  # how often depth d+1 was accepted
+    tree_nodes: int = 0  # nodes the verification forwards scored (roots included)
+    projected_rows: int = 0  # of them, those the target's lm_head projected (fewer with on-demand rows)
     time_prefill: float = 0.0
     time_draft: float = 0.0
     time_verify: float = 0.0
@@ -34,9 +36,11 @@ class GenerationStats:
 
     def summary(self) -> str:
         other = self.time_total - self.time_prefill - self.time_draft - self.time_verify
+        rows = f"; lm_head over {self.projected_rows} of {self.tree_nodes} tree nodes" \
+            if self.projected_rows < self.tree_nodes else ""
         return (f"{self.new_tokens} tokens in {self.time_total:.2f}s ({self.tokens_per_s:.1f} tok/s), "
                 f"tau {self.tau:.2f} over {self.target_forwards} target forwards; time: draft "
-                f"{self.time_draft:.2f}s, verify {self.time_verify:.2f}s, other {other:.2f}s")
+                f"{self.time_draft:.2f}s, verify {self.time_verify:.2f}s, other {other:.2f}s{rows}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tau": self.tau, "tokens_per_s": self.tokens_per_s}
