@@ -3,7 +3,7 @@
 
 import pytest
 
-from headway.hardware import ENV, bf16_is_fast, cpu_bf16_is_fast, cpu_bf16_speedup
+from headway.hardware import ENV, FAST, bf16_is_fast, cpu_bf16_is_fast, cpu_bf16_speedup
 
 
 def test_the_probe_measures_a_ratio():
@@ -19,7 +19,18 @@ def test_the_environment_forces_the_answer(monkeypatch, value, fast):
 
 def test_without_a_forced_answer_the_measurement_decides(monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
-    assert cpu_bf16_is_fast() is (cpu_bf16_speedup() >= 1.0)
+    assert cpu_bf16_is_fast() is (cpu_bf16_speedup() >= FAST)
+
+
+def test_an_even_race_keeps_float32(monkeypatch):
+    """Where bf16 and fp32 run about even the probe's noise must not pick the dtype (a resumed job
+    would meet shards of the other one): bf16 only when clearly faster."""
+    from headway import hardware
+
+    monkeypatch.delenv(ENV, raising=False)
+    for ratio, fast in ((1.05, False), (1.19, False), (FAST, True), (1.8, True), (0.3, False)):
+        monkeypatch.setattr(hardware, "cpu_bf16_speedup", lambda r=ratio: r)
+        assert hardware.cpu_bf16_is_fast() is fast, ratio
 
 
 @pytest.mark.parametrize("fast", [True, False])
