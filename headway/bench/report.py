@@ -148,8 +148,8 @@ def render_table(report: dict[str, Any]) -> Any:
              f"{t['device']}) · {report['prompts']['count']} prompts ({escape(fmt)}) × {s['max_new_tokens']} "
              f"new tokens × {s['repeats']} repeats")
     caption = (f"target greedy 4-gram repetition: {report['repetition_rate']:.1%} (high = a looping target; "
-               "acceptance then says little) · τ = new tokens / target forwards (per decoding step, "
-               "prefill left out, as EAGLE reports it: acceptance_length in the JSON) · speedup = median per-repeat "
+               "acceptance then says little) · τ = new tokens / target forwards (EAGLE's per-step "
+               "measure, prefill left out, is acceptance_length in the JSON) · speedup = median per-repeat "
                "ratio to hf generate · overhead = time outside target and drafter forwards · "
                f"mem = {report['methods'][0]['peak_mem_kind']} (MiB)")
     plans = sorted(set(s.get("linear_kernels", {}).values()))
