@@ -62,7 +62,7 @@ class Oracle:
         return self._dist(depth + 1).expand(tokens.numel(), -1)
 
     def end_tree(self) -> None:
-        pass
+        """Nothing to drop: the oracle keeps no per-tree state (a drafter's KV cache would be cut here)."""
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids

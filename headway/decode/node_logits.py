@@ -40,16 +40,14 @@ class NodeLogits:
         self.projections = 0  # lm_head calls made on demand (a full tensor counts none)
         self.seconds = 0.0  # time in them: the target's time, though spent after its forward
         first: dict[int, int] = {}
-        for i, p in enumerate(parents.tolist()[1:], start=1):
-            first.setdefault(p, i)  # children come in rank order, so the first is the drafter's best guess
+        if full is None:  # only on-demand reads prefetch
+            for i, p in enumerate(parents.tolist()[1:], start=1):
+                first.setdefault(p, i)  # children come in rank order: the first is the drafter's best guess
         self._first_child = first
 
     @property
     def lazy(self) -> bool:
         return self.full is None
-
-    def __len__(self) -> int:
-        return self.size
 
     def __getitem__(self, node: int) -> torch.Tensor:
         """(V,) logits at ``node``."""
