@@ -121,6 +121,30 @@ def test_loss_mask_is_exactly_the_target_written_tokens(llama_dir, tmp_path):
     assert not (tmp_path / "out" / "shards").exists()
 
 
+def test_a_shard_batches_prompts_of_similar_length_and_keeps_row_order(llama_dir, tmp_path, monkeypatch):
+    """Left padding costs prefill in proportion to the longest prompt of a batch: a shard's plans
+    are batched shortest first, and the rows still come out in source order."""
+    rows = [{"prompt": "x " * n} for n in (30, 2, 17, 5, 25, 3, 1, 12)]
+    src = write_jsonl(tmp_path / "p.jsonl", rows)
+    seen = []
+    real = distill_mod.distill_batch
+
+    def spy(generate, tokenizer, plans, seed):
+        seen.append([len(p.piece_ids[0]) for p in plans])
+        return real(generate, tokenizer, plans, seed)
+
+    monkeypatch.setattr(distill_mod, "distill_batch", spy)
+    ds = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "out", shard_size=8, batch_size=3)))
+    assert [len(b) for b in seen] == [3, 3, 2]
+    flat = [n for b in seen for n in b]
+    assert flat == sorted(flat)  # shortest first; the longest prompts share the last batch
+    assert ds["index"] == list(range(len(rows)))
+    _, tok = load_target(str(llama_dir))
+    for row, r in zip(ds, rows):
+        n = len(tok(r["prompt"])["input_ids"])
+        assert tok.decode(row["input_ids"][:n]) == r["prompt"] and not any(row["loss_mask"][:n])
+
+
 def test_multi_turn_regenerates_every_assistant_turn(llama_dir, tmp_path):
     conv = [{"role": "user", "content": "Write a loop"}, {"role": "assistant", "content": "OLD ANSWER"},
             {"role": "user", "content": "Now a function"}]

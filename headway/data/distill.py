@@ -111,19 +111,27 @@ def distill_shard(generate: Generate, tokenizer: Any, plans: list[Plan | None], 
     stats = ShardStats(dropped=sum(p is None for p in plans))
     kept = [p for p in plans if p is not None]
     stats.truncated = sum(p.truncated for p in kept)
-    rows = []
+    rows: dict[int, dict[str, Any]] = {}
     start = time.perf_counter()
     on_batch(stats.dropped, 0)
-    for b in range(0, len(kept), batch_size):
-        batch = kept[b: b + batch_size]
-        convs = distill_batch(generate, tokenizer, batch, cfg.seed)
+    for batch in length_batches(kept, batch_size):
+        convs = distill_batch(generate, tokenizer, [kept[i] for i in batch], cfg.seed)
         new = sum(sum(c.loss_mask) for c in convs)
         stats.generated_tokens += new
         stats.prompt_tokens += sum(len(c.loss_mask) - sum(c.loss_mask) for c in convs)
-        rows += [c.row() for c in convs]
+        rows.update(zip(batch, (c.row() for c in convs)))
         on_batch(len(batch), new)
     stats.rows, stats.seconds = len(rows), time.perf_counter() - start
-    return rows, stats
+    return [rows[i] for i in range(len(kept))], stats
+
+
+def length_batches(plans: list[Plan], batch_size: int) -> list[list[int]]:
+    """Batches of plan positions, plans of similar first-prompt length together: a batch is
+    left-padded to its longest prompt, and in source order SmolLM2's chat prompts (40-105 tokens
+    with the system turn) padded ~45% of the prefill's rows (64 of them: 11.9 s of prefill unsorted,
+    7.8 s sorted into two batches). Deterministic, so a resumed shard batches alike."""
+    order = sorted(range(len(plans)), key=lambda i: len(plans[i].piece_ids[0]))
+    return [order[b: b + batch_size] for b in range(0, len(order), batch_size)]
 
 
 def row_features() -> Any:
