@@ -192,6 +192,30 @@ def test_interrupted_run_resumes_to_the_same_dataset(llama_dir, tmp_path, monkey
     distill(cfg_for(llama_dir, src, tmp_path / "part"))  # a complete folder: nothing to do
 
 
+def test_a_sampled_run_resumes_to_the_same_dataset(llama_dir, tmp_path, monkeypatch):
+    src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
+    cfg = dict(temperature=0.9, top_p=0.95, seed=5)
+    full = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "full", **cfg))).to_list()
+    greedy_rows = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "greedy"))).to_list()
+    assert sum(a["input_ids"] != b["input_ids"] for a, b in zip(full, greedy_rows)) >= 3  # really sampled
+    real_write, written = distill_mod.write_shard, []
+
+    def write_then_die(folder, j, rows, stats):
+        if len(written) == 1:
+            raise KeyboardInterrupt
+        written.append(j)
+        return real_write(folder, j, rows, stats)
+
+    monkeypatch.setattr(distill_mod, "write_shard", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        distill(cfg_for(llama_dir, src, tmp_path / "part", **cfg))
+    monkeypatch.setattr(distill_mod, "write_shard", real_write)
+    torch.rand(1000)  # whatever else the resuming process drew before: each batch has its own generator
+    assert load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "part", **cfg))).to_list() == full
+    other = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "seed6", **{**cfg, "seed": 6}))).to_list()
+    assert other != full
+
+
 def test_changed_prompts_refuse_to_resume(llama_dir, tmp_path):
     src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS[:3]])
     distill(cfg_for(llama_dir, src, tmp_path / "out"))

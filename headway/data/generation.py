@@ -167,14 +167,15 @@ Generate = Callable[[list[list[int]], int, list[int]], list[Answer]]
 
 def hf_generate(model: nn.Module, settings: SamplingSettings, stop_ids: Sequence[int], pad_id: int,
                 kernels: LinearKernels | None = None) -> Generate:
-    """``generate_batch`` with this model and these settings, as a ``Generate``; with ``kernels``,
-    the decode steps' few-row linears use that choice (``headway.kernels``). Greedy runs
-    ``greedy_batch`` (finished rows leave the batch), sampling ``model.generate``."""
+    """Answers by this model with these settings, as a ``Generate``; with ``kernels``, the decode
+    steps' few-row linears use that choice (``headway.kernels``). Greedy runs ``greedy_batch``,
+    sampling ``sample_batch`` with the batch's seed: finished rows leave the batch either way, and
+    a sampled batch draws from its own generator, so a resumed shard redraws the same answers."""
     def generate(prompts: list[list[int]], seed: int, seeds: list[int]) -> list[Answer]:
         with kernels() if kernels is not None else contextlib.nullcontext():
             if settings.temperature == 0:
                 return greedy_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id)
-            return generate_batch(model, prompts, settings, stop_ids, pad_id, seed=seed)
+            return sample_batch(model, prompts, settings, stop_ids, pad_id, seed=seed)
 
     return generate
 
