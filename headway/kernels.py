@@ -153,6 +153,9 @@ def weight_major(linears: Sequence[nn.Linear], plan: LinearPlan) -> contextlib.A
     return swapped(bound_forwards(linears, plan))
 
 
+_PROBE_RNG = torch.Generator().manual_seed(0)
+
+
 def _time(linears: Sequence[nn.Linear], rows: int, kernel: str) -> float:
     """One pass of every linear over ``rows`` random rows (each weight read once), in seconds
     (weight-major: ``rows`` columns)."""
@@ -163,7 +166,8 @@ def _time(linears: Sequence[nn.Linear], rows: int, kernel: str) -> float:
         w = m.weight
         x = xs.get((w.shape[1], w.dtype))
         if x is None:
-            x = xs[w.shape[1], w.dtype] = torch.randn(rows, w.shape[1], dtype=w.dtype)
+            # a private generator: probing must not move torch's global RNG (users seed it)
+            x = xs[w.shape[1], w.dtype] = torch.randn(rows, w.shape[1], dtype=w.dtype, generator=_PROBE_RNG)
         product(x, w, m.bias)
     return time.perf_counter() - t0
 

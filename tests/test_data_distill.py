@@ -195,7 +195,9 @@ def test_interrupted_run_resumes_to_the_same_dataset(llama_dir, tmp_path, monkey
 def test_a_sampled_run_resumes_to_the_same_dataset(llama_dir, tmp_path, monkeypatch):
     src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
     cfg = dict(temperature=0.9, top_p=0.95, seed=5)
+    rng = torch.get_rng_state()
     full = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "full", **cfg))).to_list()
+    assert torch.equal(torch.get_rng_state(), rng)  # a user's seeded global RNG is left alone
     greedy_rows = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "greedy"))).to_list()
     assert sum(a["input_ids"] != b["input_ids"] for a, b in zip(full, greedy_rows)) >= 3  # really sampled
     real_write, written = distill_mod.write_shard, []

@@ -78,3 +78,13 @@ def test_distill_auto_dtype_on_cpu_follows_the_measurement(monkeypatch, fast):
     monkeypatch.setenv(ENV, "1" if fast else "0")
     assert generation_dtype("auto", "cpu") == ("bfloat16" if fast else "float32")
     assert generation_dtype("float32", "cpu") == "float32" and generation_dtype("bfloat16", "cpu") == "bfloat16"
+
+
+def test_the_probe_leaves_the_global_rng_alone():
+    import torch
+
+    cpu_bf16_speedup.cache_clear()
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    cpu_bf16_speedup()
+    assert torch.equal(torch.get_rng_state(), state)

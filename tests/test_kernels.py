@@ -183,3 +183,11 @@ def test_distill_hf_engine_writes_the_same_rows_weight_major(llama_dir, tmp_path
     wm = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "wm", linear_kernel="weight-major")))
     assert seen and wm["input_ids"] == stock["input_ids"] and wm["loss_mask"] == stock["loss_mask"]
     assert "linear_kernel" not in (tmp_path / "wm" / "headway_distill.json").read_text()
+
+
+def test_probing_leaves_the_global_rng_alone():
+    linears = [nn.Linear(32, 48), nn.Linear(48, 32)]
+    torch.manual_seed(3)
+    state = torch.get_rng_state()
+    probe_plan(linears, reps=1, with_native=False)
+    assert torch.equal(torch.get_rng_state(), state)  # a user's seeded sampling is not moved by a probe
