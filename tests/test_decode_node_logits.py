@@ -9,7 +9,7 @@ from headway.decode import Speculator
 from headway.decode.node_logits import PREFETCH_ROWS, NodeLogits, head_matches_logits
 from headway.decode.proposers import make_proposer
 from headway.decode.sampling import SamplingParams
-from headway.decode.tree import TreeBuffers
+from headway.decode.tree import TreeBuffers, first_children
 from headway.decode.verify import verify_greedy, verify_greedy_walk
 from headway.testing import tiny_target, tiny_tokenizer
 from test_decode_exact import OracleProposer, make_heads, prompts, reference
@@ -23,7 +23,7 @@ def test_rows_are_projected_when_read_with_the_first_child_chain():
     head = nn.Linear(8, 11, bias=False)
     hidden = torch.randn(6, 8)
     full = head(hidden).detach()
-    lazy = NodeLogits(PARENTS, hidden=hidden, head=head)
+    lazy = NodeLogits(TreeBuffers.build(PARENTS), hidden=hidden, head=head)
     assert lazy.lazy and lazy.projections == 0
     torch.testing.assert_close(lazy[0], full[0], rtol=0, atol=1e-6)
     assert lazy.projections == 1 and set(lazy.rows) == {0, 1, 3, 4}  # the root and its first-child chain
@@ -33,15 +33,21 @@ def test_rows_are_projected_when_read_with_the_first_child_chain():
     assert lazy.projections == 2 and set(lazy.rows) == {0, 1, 2, 3, 4, 5}
     torch.testing.assert_close(lazy.all(), full, rtol=0, atol=1e-6)
     assert lazy.projections == 2  # nothing left to project
-    eager = NodeLogits(PARENTS, full=full)
+    eager = NodeLogits(TreeBuffers.build(PARENTS), full=full)
     assert not eager.lazy and torch.equal(eager[5], full[5]) and eager.projections == 0
     with pytest.raises(ValueError, match="either"):
-        NodeLogits(PARENTS)
+        NodeLogits(TreeBuffers.build(PARENTS))
+
+
+def test_first_children_in_rank_order_once_per_shape():
+    assert first_children(PARENTS) == {0: 1, 1: 3, 3: 4, 2: 5}
+    b = TreeBuffers.build(PARENTS)
+    assert b.first_child is b.first_child  # computed once: a static shape's buffers are reused every step
 
 
 def test_prefetch_is_capped():
     chain = torch.arange(-1, 19)  # a chain of 20 nodes
-    lazy = NodeLogits(chain, hidden=torch.randn(20, 4), head=nn.Linear(4, 3))
+    lazy = NodeLogits(TreeBuffers.build(chain), hidden=torch.randn(20, 4), head=nn.Linear(4, 3))
     lazy[0]
     assert sorted(lazy.rows) == list(range(PREFETCH_ROWS))
 
@@ -67,7 +73,7 @@ def test_walk_verdict_equals_the_vectorised_one():
             if torch.rand((), generator=g) < 0.6:
                 logits[parents[i], tokens[i]] = 10.0 + torch.rand((), generator=g)
         want = verify_greedy(tokens, b, logits)
-        lazy = NodeLogits(parents, hidden=logits, head=nn.Identity())
+        lazy = NodeLogits(b, hidden=logits, head=nn.Identity())
         got = verify_greedy_walk(tokens, b, lazy)
         assert got.nodes.tolist() == want.nodes.tolist() and int(got.bonus) == int(want.bonus), trial
         assert len(lazy.rows) < parents.numel() or parents.numel() <= PREFETCH_ROWS or got.accepted > 0

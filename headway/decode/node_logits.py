@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .stats import _sync
+from .tree import TreeBuffers
 
 PREFETCH_ROWS = 8  # rows per on-demand projection: a few rows cost about one (the weights are read once)
 
@@ -26,24 +27,19 @@ class NodeLogits:
     """(N, V) logits of a tree's nodes, each row computed once, when first read.
 
     ``hidden`` (N, H) the target's final (normed) hidden states at the nodes; ``head`` maps them to
-    logits (the target's output embeddings). ``parents`` (N,) the tree. ``full`` given instead of
+    logits (the target's output embeddings). ``buffers`` the tree's. ``full`` given instead of
     ``hidden``: every row is already there (the eager path, and batch or tuning code that reads all).
     """
 
-    def __init__(self, parents: torch.Tensor, hidden: torch.Tensor | None = None,
+    def __init__(self, buffers: TreeBuffers, hidden: torch.Tensor | None = None,
                  head: Callable[[torch.Tensor], torch.Tensor] | None = None, full: torch.Tensor | None = None) -> None:
         if (full is None) == (hidden is None):
             raise ValueError("give either the hidden states (and the head) or the full logits")
-        self.size = parents.numel()
+        self.buffers, self.size = buffers, buffers.size
         self.hidden, self.head, self.full = hidden, head, full
         self.rows: dict[int, torch.Tensor] = {}
         self.projections = 0  # lm_head calls made on demand (a full tensor counts none)
         self.seconds = 0.0  # time in them: the target's time, though spent after its forward
-        first: dict[int, int] = {}
-        if full is None:  # only on-demand reads prefetch
-            for i, p in enumerate(parents.tolist()[1:], start=1):
-                first.setdefault(p, i)  # children come in rank order: the first is the drafter's best guess
-        self._first_child = first
 
     @property
     def lazy(self) -> bool:
@@ -61,9 +57,9 @@ class NodeLogits:
     def prefetch(self, node: int) -> list[int]:
         """The rows projected when ``node`` is read: it and its first-child chain, at most
         ``PREFETCH_ROWS``."""
-        rows = [node]
-        while len(rows) < PREFETCH_ROWS and rows[-1] in self._first_child:
-            rows.append(self._first_child[rows[-1]])
+        rows, first = [node], self.buffers.first_child
+        while len(rows) < PREFETCH_ROWS and rows[-1] in first:
+            rows.append(first[rows[-1]])
         return rows
 
     def all(self) -> torch.Tensor:

@@ -347,8 +347,8 @@ class Speculator:
         out = self._forward(tree.tokens[None], state.cache, verify=True, position_ids=(b.depth + P)[None],
                             attention_mask=tree_mask(b.visible, P, self.dtype, static_length(state.cache)), **extra)
         _sync(self.device)
-        node_logits = NodeLogits(b.parents, hidden=out.hidden_states[last][0], head=self.projection) if lazy else \
-            NodeLogits(b.parents, full=out.logits[0])
+        node_logits = NodeLogits(b, hidden=out.hidden_states[last][0], head=self.projection) if lazy else \
+            NodeLogits(b, full=out.logits[0])
         return Scored(tree, node_logits, self._features(out, slice(None)), time.perf_counter() - t, draft_probs)
 
     def commit(self, state: DecodeState, scored: Scored, verdict: Verdict) -> list[int]:
@@ -437,7 +437,7 @@ class Speculator:
         """The accepted path and bonus token. ``logits``: every node's (N, V), or a ``NodeLogits``
         whose rows are projected as they are read (only the accepted path's, when lazy)."""
         if isinstance(logits, torch.Tensor):
-            logits = NodeLogits(b.parents, full=logits)
+            logits = NodeLogits(b, full=logits)
         if params.greedy:
             return verify_greedy_walk(tokens, b, logits) if logits.lazy else verify_greedy(tokens, b, logits.all())
         u = torch.rand(b.size + 1, generator=gen).to(tokens.device)

@@ -8,6 +8,7 @@ derived here, vectorised over nodes (loops run over depth levels only).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +84,15 @@ def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def first_children(parents: torch.Tensor) -> dict[int, int]:
+    """node -> its first child, for nodes with children. Children come in rank order, so the first
+    is the drafter's best guess (where a greedy walk most likely goes next)."""
+    first: dict[int, int] = {}
+    for i, p in enumerate(parents.tolist()[1:], start=1):
+        first.setdefault(p, i)
+    return first
+
+
 @dataclass
 class TreeBuffers:
     """Everything derived from one tree shape; built once per static shape, per step for dynamic trees."""
@@ -100,6 +110,11 @@ class TreeBuffers:
     @property
     def size(self) -> int:
         return self.parents.numel()
+
+    @functools.cached_property
+    def first_child(self) -> dict[int, int]:
+        """``first_children`` of this tree, once per shape (read by on-demand verification)."""
+        return first_children(self.parents)
 
     @property
     def max_depth(self) -> int:
