@@ -12,7 +12,7 @@
 # Every step is cached or resumable, so rerunning after an interruption continues where it stopped:
 #   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)
 #   -> features (configs/features-smollm2.yaml, 4 min with native bf16, ~15 without)
-#   -> (any eagle3 kind: distill-smollm2-more.yaml, features-smollm2-more.yaml, merge; ~20 min more)
+#   -> (any eagle3 kind: distill-smollm2-more.yaml, which keeps the features as it writes, merge; ~20 min more)
 #   -> train each kind offline
 #   -> tune (tree choice on chat:dev) -> bench on held-out prompts of other task
 #      families (chat:heldout), T=0 and T=1, at 1 and 2 threads. HF generate and prompt lookup also run
@@ -20,8 +20,9 @@
 #      separates what the kernel gains from what the drafts gain.
 # Results: OUT (default benchmarks/results)/smollm2-bench-t{1,2}.{txt,json,png}.
 # SKIP_TRAIN=1 benches whatever heads exist; BENCH_ARGS adds `headway bench` options; DISTILL_ARGS adds
-# `headway distill` options (e.g. "--engine vllm --vllm-python /path/to/vllm-venv/bin/python", ~1.4x
-# faster here); NUM, TOKENS, REPEATS and THREADS size the bench (defaults 12, 128, 2, "1 2");
+# `headway distill` options (e.g. "--engine vllm --vllm-python /path/to/vllm-venv/bin/python --features none",
+# ~1.4x faster here; vLLM returns no hidden states, so a features pass follows each distill);
+# NUM, TOKENS, REPEATS and THREADS size the bench (defaults 12, 128, 2, "1 2");
 # TUNE_PROMPTS is tune's prompt source (default chat:dev: prompts no head trained on and no bench times;
 # on chat:train, the drafters' own training prompts, acceptance reads far higher than on new prompts).
 set -euo pipefail
@@ -38,6 +39,10 @@ REPEATS=${REPEATS:-2}
 THREADS=${THREADS:-1 2}
 TUNE_PROMPTS=${TUNE_PROMPTS:-chat:dev}
 hw() { echo "+ headway $*" >&2; "$PY" -m headway "$@"; }
+# a features folder that a distill with `features:` finished needs no features pass
+complete() {
+    "$PY" -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1])).get("complete"))' "$1/features.json" 2>/dev/null
+}
 
 hw target build smollm2
 if [[ -z "${SKIP_TRAIN:-}" ]]; then
@@ -50,14 +55,14 @@ if [[ -z "${SKIP_TRAIN:-}" ]]; then
     if [[ " ${KINDS[*]} " == *" eagle3"* ]]; then  # the other 1,572 chat:train prompts, merged with the first run's
         # shellcheck disable=SC2086
         hw distill --config configs/distill-smollm2-more.yaml ${DISTILL_ARGS:-}
-        hw features --config configs/features-smollm2-more.yaml
+        complete runs/smollm2-features-more || hw features --config configs/features-smollm2-more.yaml
         [[ -f runs/smollm2-features-3k/features.json ]] || \
             hw merge runs/smollm2-features runs/smollm2-features-more --output runs/smollm2-features-3k
     fi
     if [[ " ${KINDS[*]} " =~ " eagle3-"(6k|10k|12k)" " ]]; then  # + chat:extra's 2,814 prompts (~30 min more)
         # shellcheck disable=SC2086
         hw distill --config configs/distill-smollm2-extra.yaml ${DISTILL_ARGS:-}
-        hw features --config configs/features-smollm2-extra.yaml
+        complete runs/smollm2-features-extra || hw features --config configs/features-smollm2-extra.yaml
         [[ -f runs/smollm2-features-6k/features.json ]] || hw merge runs/smollm2-features \
             runs/smollm2-features-more runs/smollm2-features-extra --output runs/smollm2-features-6k
     fi
@@ -65,7 +70,7 @@ if [[ -z "${SKIP_TRAIN:-}" ]]; then
         hw prompts --config configs/prompts-smollm2.yaml
         # shellcheck disable=SC2086
         hw distill --config configs/distill-smollm2-self.yaml ${DISTILL_ARGS:-}
-        hw features --config configs/features-smollm2-self.yaml
+        complete runs/smollm2-features-self || hw features --config configs/features-smollm2-self.yaml
         [[ -f runs/smollm2-features-10k/features.json ]] || hw merge runs/smollm2-features-6k \
             runs/smollm2-features-self --output runs/smollm2-features-10k
     fi
@@ -74,7 +79,7 @@ if [[ -z "${SKIP_TRAIN:-}" ]]; then
         hw prompts --config configs/prompts-smollm2-more.yaml
         # shellcheck disable=SC2086
         hw distill --config configs/distill-smollm2-self-more.yaml ${DISTILL_ARGS:-}
-        hw features --config configs/features-smollm2-self-more.yaml
+        complete runs/smollm2-features-self-more || hw features --config configs/features-smollm2-self-more.yaml
         [[ -f runs/smollm2-features-12k/features.json ]] || hw merge runs/smollm2-features-10k \
             runs/smollm2-features-self-more --output runs/smollm2-features-12k
     fi

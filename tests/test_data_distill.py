@@ -171,12 +171,12 @@ def test_interrupted_run_resumes_to_the_same_dataset(llama_dir, tmp_path, monkey
     full = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "full"))).to_list()
     real_write, written = distill_mod.write_shard, []
 
-    def write_then_die(folder, j, rows, stats):
+    def write_then_die(folder, j, rows, stats, feats=None):
         if len(written) == 1:
             (folder / "shard-00001.tmp999").mkdir()  # a half-written shard of the killed run
             raise KeyboardInterrupt
         written.append(j)
-        return real_write(folder, j, rows, stats)
+        return real_write(folder, j, rows, stats, feats)
 
     monkeypatch.setattr(distill_mod, "write_shard", write_then_die)
     with pytest.raises(KeyboardInterrupt):
@@ -202,11 +202,11 @@ def test_a_sampled_run_resumes_to_the_same_dataset(llama_dir, tmp_path, monkeypa
     assert sum(a["input_ids"] != b["input_ids"] for a, b in zip(full, greedy_rows)) >= 3  # really sampled
     real_write, written = distill_mod.write_shard, []
 
-    def write_then_die(folder, j, rows, stats):
+    def write_then_die(folder, j, rows, stats, feats=None):
         if len(written) == 1:
             raise KeyboardInterrupt
         written.append(j)
-        return real_write(folder, j, rows, stats)
+        return real_write(folder, j, rows, stats, feats)
 
     monkeypatch.setattr(distill_mod, "write_shard", write_then_die)
     with pytest.raises(KeyboardInterrupt):
@@ -257,6 +257,13 @@ def test_overlong_prompts_are_dropped_or_truncated_and_counted(llama_dir, tmp_pa
     row = ds[1]
     assert row["loss_mask"].index(1) == 40  # the prompt kept its last 40 tokens
     assert json.loads((tmp_path / "cut" / "headway_distill.json").read_text())["truncated"] == 1
+    # a shard whose every prompt is dropped holds no row; the others still make the dataset
+    src = write_jsonl(tmp_path / "q.jsonl", [{"prompt": long}] * 4 + [{"prompt": PROMPTS[0]}])
+    ds = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "gap", max_prompt_tokens=40)))
+    assert ds["index"] == [4]
+    src = write_jsonl(tmp_path / "r.jsonl", [{"prompt": long}] * 2)
+    with pytest.raises(DataError, match=r"every prompt \(2\) was dropped as longer than --max_prompt_tokens"):
+        distill(cfg_for(llama_dir, src, tmp_path / "none", max_prompt_tokens=40))
 
 
 def test_bad_rows_stop_the_run_or_are_skipped_and_counted(llama_dir, tmp_path):

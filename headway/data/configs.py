@@ -59,6 +59,14 @@ class DistillConfig(TargetArgs):
                                      "of F.linear and W @ x.T, measured on the target's weights; stock = F.linear); "
                                      "a speed knob, not a setting: the rows are the same up to float near-ties",
                              choices=LINEAR_KERNELS)
+    features: str | None = opt(None, "also store the target's hidden states over every row in this features folder "
+                                     "(what headway features would write, with shard_size rows per shard), taken "
+                                     "from the forwards that write the answers instead of a second pass; hf "
+                                     "engine only")
+    feature_layers: list[str] = opt(default_factory=lambda: ["eagle3", "final"],
+                                    help="--features: the hidden states to store, as headway features --layers "
+                                         "('eagle3 final': what every head kind trains on)")
+    feature_store_dtype: str = opt("bfloat16", "--features: dtype of the stored features", choices=STORE_DTYPE_NAMES)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
@@ -67,6 +75,9 @@ class DistillConfig(TargetArgs):
         if self.engine == "vllm" and self.adapter:
             raise DataError("--engine vllm cannot apply a PEFT adapter (--adapter); merge it into the target "
                             "first, or use --engine hf")
+        if self.engine == "vllm" and self.features:
+            raise DataError("--engine vllm returns no hidden states, so it cannot write --features; drop --features "
+                            "(--features none) and run headway features on the dataset, or use --engine hf")
         self.sampling()  # validates the sampling settings
 
     def sampling(self) -> SamplingSettings:

@@ -8,6 +8,11 @@ Output folder (``cfg.output``)::
     token_counts.safetensors    token frequencies over the answers (EAGLE-3 draft vocab)
     .lock                       flock'ed by the process writing the folder (a second writer is refused)
 
+With ``features`` (hf engine), the target's hidden states over every row go to a features folder
+as ``headway features`` writes it (one ``shards/shard-XXXXX/features.safetensors`` per shard
+until the run finishes): the forwards that write an answer already compute them, so the second
+pass over the finished rows that ``headway features`` makes is saved.
+
 Rows: ``index`` (position in the prompt stream), ``id`` (the source row's id), ``input_ids``,
 ``loss_mask`` (1 exactly on the tokens the target wrote, its stop token included),
 ``finish_reason`` (``stop`` or ``length``). Several processes (``accelerate launch``) split the
@@ -29,8 +34,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import torch
+
 from .errors import DataError, ResumeMismatchError
-from .generation import Generate, hf_generate, stop_token_ids
+from .generation import FeatureSpec, Generate, hf_generate, stop_token_ids
 from .configs import DistillConfig  # noqa: F401  (re-exported; light, for --help)
 from .plans import Plan, fit_budget, make_plan
 from ..publish import publish, publishing
@@ -41,6 +48,7 @@ from .sources import SourceResult, read_samples
 MANIFEST = "headway_distill.json"
 LOCK = ".lock"  # held (flock) by the process writing the folder; see output_lock
 SHARD_STATS = "shard.json"
+SHARD_FEATURES = "features.safetensors"  # in a shard's folder, with --features
 FORMAT = "headway-distilled"
 
 
@@ -65,6 +73,7 @@ class Conversation:
     loss_mask: list[int] = field(default_factory=list)
     stop_text: str | None = None
     finish_reason: str = "stop"
+    features: dict[str, Any] | None = None  # {key: (len(input_ids), H)}: the last answer's covers the whole row
 
     def add(self, ids: list[int], written_by_target: bool) -> None:
         self.input_ids += ids
@@ -99,6 +108,7 @@ def distill_batch(generate: Generate, tokenizer: Any, plans: list[Plan], seed: i
                            [batch_seed(seed, c.plan.index, turn) for c in active])
         for c, a in zip(active, answers):
             c.add(a.tokens, True)
+            c.features = a.features
             c.stop_text = tokenizer.decode(a.tokens[-1:]) if a.stopped else None
             if not a.stopped:
                 c.finish_reason = "length"
@@ -106,12 +116,15 @@ def distill_batch(generate: Generate, tokenizer: Any, plans: list[Plan], seed: i
 
 
 def distill_shard(generate: Generate, tokenizer: Any, plans: list[Plan | None], cfg: DistillConfig, batch_size: int,
-                  on_batch: Callable[[int, int], None]) -> tuple[list[dict[str, Any]], ShardStats]:
-    """Rows and stats for one shard's plans (already fitted to the budget; None = dropped)."""
+                  on_batch: Callable[[int, int], None], spec: FeatureSpec | None = None, hidden_size: int = 0
+                  ) -> tuple[list[dict[str, Any]], ShardStats, dict[str, Any] | None]:
+    """Rows, stats and (with ``spec``) the features shard for one shard's plans (already fitted to
+    the budget; None = dropped)."""
     stats = ShardStats(dropped=sum(p is None for p in plans))
     kept = [p for p in plans if p is not None]
     stats.truncated = sum(p.truncated for p in kept)
     rows: dict[int, dict[str, Any]] = {}
+    feats: dict[int, dict[str, Any]] = {}
     start = time.perf_counter()
     on_batch(stats.dropped, 0)
     for batch in length_batches(kept, batch_size):
@@ -120,9 +133,33 @@ def distill_shard(generate: Generate, tokenizer: Any, plans: list[Plan | None], 
         stats.generated_tokens += new
         stats.prompt_tokens += sum(len(c.loss_mask) - sum(c.loss_mask) for c in convs)
         rows.update(zip(batch, (c.row() for c in convs)))
+        if spec is not None:
+            feats.update(zip(batch, (conversation_features(c, spec) for c in convs)))
         on_batch(len(batch), new)
     stats.rows, stats.seconds = len(rows), time.perf_counter() - start
-    return [rows[i] for i in range(len(kept))], stats
+    ordered = [rows[i] for i in range(len(kept))]
+    if spec is None:
+        return ordered, stats, None
+    from .features import pack_shard
+
+    empty = torch.zeros(0, hidden_size, dtype=spec.store_dtype)  # a shard whose prompts were all dropped
+    parts = {k: [feats[i][k] for i in range(len(kept))] or [empty] for k in spec.layers}
+    return ordered, stats, pack_shard(ordered, parts)
+
+
+def conversation_features(c: Conversation, spec: FeatureSpec) -> dict[str, Any]:
+    """A finished row's features, checked: one vector per token, finite in the store dtype."""
+    feats = c.features or {}
+    for key in spec.layers:
+        f = feats.get(key)
+        if f is None or f.shape[0] != len(c.input_ids):  # the engine lost track of a token: never store it
+            raise RuntimeError(f"row {c.plan.index}: {key} features for {None if f is None else f.shape[0]} of "
+                               f"{len(c.input_ids)} tokens")
+        if not bool(torch.isfinite(f).all()):
+            raise DataError(f"prompt {c.plan.index}: the target's {key} hidden states are NaN/inf, or overflow "
+                            f"--feature_store_dtype {str(spec.store_dtype).split('.')[-1]}; nothing of its shard was "
+                            "stored. Store them as bfloat16 or float32, or check the target's weights")
+    return feats
 
 
 def length_batches(plans: list[Plan], batch_size: int) -> list[list[int]]:
@@ -141,13 +178,23 @@ def row_features() -> Any:
                      "loss_mask": Sequence(Value("int8")), "finish_reason": Value("string")})
 
 
-def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardStats) -> Path:
-    """Write shard ``j`` under a temporary name, then rename: a shard on disk is always complete."""
+def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardStats,
+                features: dict[str, Any] | None = None) -> Path:
+    """Write shard ``j`` (and its features) under a temporary name, then rename: a shard on disk is
+    always complete."""
     from datasets import Dataset
 
     final = folder / shard_name(j)
     with publishing(final) as tmp:
-        Dataset.from_list(rows, features=row_features()).save_to_disk(str(tmp))
+        if rows:  # datasets can neither write nor read back an empty list: finish skips a shard of no rows
+            Dataset.from_list(rows, features=row_features()).save_to_disk(str(tmp))
+        else:
+            tmp.mkdir()
+        if features is not None:
+            from safetensors.torch import save_file
+
+            save_file(features, str(tmp / SHARD_FEATURES), metadata={"rows": str(len(rows)),
+                                                                      "tokens": str(features["input_ids"].numel())})
         write_json(tmp / SHARD_STATS, asdict(stats))
     return final
 
@@ -191,10 +238,17 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     # the resume check sees what runs; vLLM's own bf16 speed is not measured here, so its auto is fp32
     dtype = generation_dtype(cfg.dtype, procs.device) if cfg.engine == "hf" else cfg.dtype.replace("auto", "float32")
     cfg = replace(cfg, dtype=dtype)
+    feature_out = Path(cfg.features).expanduser() if cfg.features else None
     if procs.is_main:
         hold.enter_context(output_lock(out))
         prepare_output(out, cfg.overwrite, MANIFEST)
         check_option_settings(out, cfg)  # before the target loads; prompts and template are compared below
+        if feature_out is not None:
+            if feature_out.resolve() == out.resolve():
+                raise DataError(f"--features {feature_out} is the output folder itself; give the features their "
+                                "own folder")
+            hold.enter_context(output_lock(feature_out))
+            prepare_feature_output(feature_out, out, cfg.overwrite)
     procs.barrier()
     with procs.state.main_process_first():
         target_path = resolve_target_path(cfg.target)
@@ -209,6 +263,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
         raise DataError(f"no usable prompts in {cfg.source}" + (f" ({len(src.bad)} bad rows)" if src.bad else ""))
     check_chat_inputs(src, template, cfg)
     info = TargetInfo.of(model, cfg.target, cfg.revision)
+    spec, layers = feature_spec(cfg, info.num_hidden_layers)
     settings = distill_settings(cfg, template, src)
     with procs.state.main_process_first():
         manifest = check_settings(out / MANIFEST, settings, {"format": FORMAT, "target_path": target_path,
@@ -217,6 +272,12 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     if src.bad:
         say(f"skipped {len(src.bad)} bad row(s); first: {src.bad[0]}")
     if manifest.get("complete"):
+        if feature_out is not None and not read_json_or_empty(feature_out / FEATURES_MANIFEST).get("complete"):
+            from .features import features_command
+
+            raise DataError(f"{out} is complete but its features folder {feature_out} is not there (the shards they "
+                            "came from are gone); make them with: " + features_command(
+                                feature_settings(cfg, out, manifest["rows"], layers), feature_out))
         say(f"{out} is already complete ({manifest.get('rows')} rows); nothing to do")
         return out
 
@@ -232,19 +293,27 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
         say(f"resuming: {len(done)} of {len(ranges)} shards already done")
     plans = {j: [fit_budget(make_plan(i, src.samples[i], tokenizer, template, cfg.prompt_format, cfg.target),
                             cfg.max_prompt_tokens, cfg.overlong) for i in ranges[j]] for j in todo}
-    with answer_engine(cfg, model, target_path, plans, stop_ids, pad_id, out, say, bool(todo)) as (generate, name):
+    with answer_engine(cfg, model, target_path, plans, stop_ids, pad_id, out, say, bool(todo), spec) as (generate,
+                                                                                                       name):
         with TokenProgress(f"distill [{procs.rank}/{procs.world_size}]" if procs.world_size > 1 else "distill",
                            sum(len(ranges[j]) for j in todo), enabled=procs.is_main, unit="prompts") as bar:
             for j in todo:
                 # vLLM batches by itself: a shard's turn is one request (per-row seeds keep rows batch-free)
                 batch_size = cfg.batch_size if cfg.engine == "hf" else max(len(plans[j]), 1)
-                rows, stats = distill_shard(generate, tokenizer, plans[j], cfg, batch_size, bar.advance)
+                rows, stats, feats = distill_shard(generate, tokenizer, plans[j], cfg, batch_size, bar.advance, spec,
+                                                   info.hidden_size)
                 stats.rank, stats.engine = procs.rank, name
-                write_shard(shards_dir, j, rows, stats)
+                write_shard(shards_dir, j, rows, stats, feats)
     procs.barrier()
     if procs.is_main:
-        summary = finish(out, len(ranges), info.vocab_size, manifest, settings, len(src.bad), procs.world_size)
-        say(summary_line(summary, out))
+        store = None
+        if feature_out is not None:
+            def store(shards: dict[int, Path], rows: int, tokens_per_s: float) -> None:
+                write_features(shards, feature_out, feature_settings(cfg, out, rows, layers), layers, info,
+                               spec, tokens_per_s)
+        summary = finish(out, len(ranges), info.vocab_size, manifest, settings, len(src.bad), procs.world_size,
+                         store)
+        say(summary_line(summary, out) + (f"; features in {feature_out}" if feature_out is not None else ""))
     procs.barrier()
     return out
 
@@ -252,16 +321,18 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
 @contextlib.contextmanager
 def answer_engine(cfg: DistillConfig, model: Any, target_path: str, plans: dict[int, list[Plan | None]],
                   stop_ids: list[int], pad_id: int, out: Path, say: Callable[..., Any],
-                  needed: bool) -> Iterator[tuple[Generate, str]]:
-    """(generate, "ENGINE VERSION") for this run: transformers on the loaded model, or one vLLM
-    engine for all the shards still to do (not started when none is)."""
+                  needed: bool, spec: FeatureSpec | None = None) -> Iterator[tuple[Generate, str]]:
+    """(generate, "ENGINE VERSION") for this run: transformers on the loaded model (keeping the
+    hidden states of ``spec``), or one vLLM engine for all the shards still to do (not started when
+    none is)."""
     if cfg.engine == "hf" or not needed:
         import transformers
 
         from ..kernels import LinearKernels
 
         kernels = LinearKernels(cfg.linear_kernel, model)
-        yield hf_generate(model, cfg.sampling(), stop_ids, pad_id, kernels), f"transformers {transformers.__version__}"
+        yield (hf_generate(model, cfg.sampling(), stop_ids, pad_id, kernels, spec),
+               f"transformers {transformers.__version__}")
         return
     from ..target import resolve_folder
     from .vllm_engine import vllm_engine
@@ -330,7 +401,7 @@ def check_option_settings(out: Path, cfg: DistillConfig) -> None:
     old = {**SETTING_DEFAULTS, **manifest.get("settings", {})}
     what = "a finished dataset" if manifest.get("complete") else "an unfinished distill run"
     for key in SETTING_KEYS:
-        now = json.loads(json.dumps(getattr(cfg, key)))  # lists and tuples as JSON reads them back
+        now = json.loads(json.dumps(setting(cfg, key)))  # lists and tuples as JSON reads them back
         if key in old and old[key] != now:
             hint = ""
             grown = isinstance(old[key], int) and (now is None or now > old[key])
@@ -339,6 +410,9 @@ def check_option_settings(out: Path, cfg: DistillConfig) -> None:
                 hint = (f"; to add the prompts after these, distil them into a new folder (--skip {done}"
                         + (f" --limit {now - old[key]}" if now is not None else "") + ") and join the two with "
                         f"headway merge {out} NEW --output MERGED")
+            if key == "feature_layers" and old[key] is None and manifest.get("complete"):
+                hint = (f"; to store the features of this finished dataset, run headway features {out} --layers "
+                        + " ".join(map(str, now)) + f" --output {cfg.features}")
             raise ResumeMismatchError(f"{out} holds {what} made with {key}={json.dumps(old[key])}, but this run has "
                                       f"{key}={json.dumps(now)}; rerun with the same settings, choose a new output "
                                       "folder, or pass --overwrite" + hint)
@@ -354,26 +428,96 @@ def check_chat_inputs(src: SourceResult, template: str | None, cfg: DistillConfi
         require_template(template, cfg.target, f"{cfg.source} (row '{row}')")
 
 
+# ---------------------------------------------------------------- --features
+
+FEATURES_MANIFEST = "features.json"  # features.MANIFEST, without importing it here
+
+
+def feature_spec(cfg: DistillConfig, num_hidden_layers: int) -> tuple[FeatureSpec | None, list[str | int]]:
+    """What ``--features`` keeps while generating, and the parsed layers (a bad spec fails here,
+    before any generation)."""
+    if not cfg.features:
+        return None, []
+    from .features import STORE_DTYPES, layer_indices, parse_layers
+
+    layers = parse_layers(cfg.feature_layers, num_hidden_layers)
+    return FeatureSpec(layer_indices(layers, num_hidden_layers), STORE_DTYPES[cfg.feature_store_dtype]), layers
+
+
+def prepare_feature_output(folder: Path, out: Path, overwrite: bool) -> None:
+    """The ``--features`` folder: empty (``--overwrite`` empties it) or holding features of this very
+    dataset (a finished run rerun)."""
+    prepare_output(folder, overwrite, FEATURES_MANIFEST)
+    made_from = read_json_or_empty(folder / FEATURES_MANIFEST).get("settings", {}).get("dataset")
+    if made_from is not None and made_from != str(out.resolve()):
+        raise DataError(f"--features {folder} holds the features of another dataset ({made_from}); choose another "
+                        "folder or pass --overwrite")
+
+
+def read_json_or_empty(path: Path) -> dict[str, Any]:
+    return read_json(path) if path.is_file() else {}
+
+
+def feature_settings(cfg: DistillConfig, out: Path, rows: int, layers: list[str | int]) -> dict[str, Any]:
+    """The features folder's settings, as ``headway features`` records them for the same store: the
+    two commands describe one format, and rerunning that command on this folder finds it complete."""
+    state = out / "state.json"
+    return {"dataset": str(out.resolve()), "dataset_state": digest(state.read_text()) if state.is_file() else None,
+            "rows": rows, "target": cfg.target, "revision": cfg.revision, "adapter": cfg.adapter, "dtype": cfg.dtype,
+            "layers": [str(l) for l in layers], "store_dtype": cfg.feature_store_dtype, "shard_size": cfg.shard_size}
+
+
+def write_features(shards: dict[int, Path], folder: Path, settings: dict[str, Any], layers: list[str | int],
+                   info: Any, spec: FeatureSpec | None, tokens_per_s: float) -> None:
+    """Publish the shards' features as a features folder (linked, not copied: the shards go next)."""
+    from .features import FORMAT as FEATURES_FORMAT, SUFFIX, finish_features
+    from .merge import link_or_copy
+
+    assert spec is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    for j, shard in sorted(shards.items()):
+        src = shard / SHARD_FEATURES
+        if not src.is_file():
+            raise DataError(f"{shard} holds no {SHARD_FEATURES}: it was written without --features; distil again "
+                            "into a new folder, or drop --features and run headway features on the dataset")
+        dst = folder / shard_name(j, SUFFIX)
+        dst.unlink(missing_ok=True)  # an earlier finish that stopped halfway
+        link_or_copy(src, dst)
+    manifest = {"format": FEATURES_FORMAT, "version": 1, "written_by": "headway distill", "settings": settings}
+    finish_features(folder, len(shards), manifest, layers, info, spec.store_dtype, tokens_per_s)
+
+
 # the options that decide the rows (with the prompts and the chat template): a resume must match them all
 SETTING_KEYS = ("target", "revision", "adapter", "dtype", "source", "split", "skip", "limit", "prompt_tokens",
                 "prompt_format", "stop_tokens", "max_prompt_tokens", "overlong", "max_new_tokens", "temperature",
-                "top_p", "top_k", "seed", "shard_size", "skip_bad_rows", "engine")
+                "top_p", "top_k", "seed", "shard_size", "skip_bad_rows", "engine", "feature_layers",
+                "feature_store_dtype")
 # settings a folder written before they were recorded holds, with the value they had then
-SETTING_DEFAULTS = {"engine": "hf", "skip": 0}
+SETTING_DEFAULTS = {"engine": "hf", "skip": 0, "feature_layers": None, "feature_store_dtype": None}
+
+
+def setting(cfg: DistillConfig, key: str) -> Any:
+    """A setting's recorded value: the feature options count only with --features (without it the
+    shards hold no features, whatever the layer option says)."""
+    if key in ("feature_layers", "feature_store_dtype") and not cfg.features:
+        return None
+    return getattr(cfg, key)
 
 
 def distill_settings(cfg: DistillConfig, template: str | None, src: SourceResult) -> dict[str, Any]:
     """Everything that decides the rows: a resume must match all of it."""
     prompts = digest(repr([(s.id, s.messages, s.prompt) for s in src.samples]))
-    settings = {k: getattr(cfg, k) for k in SETTING_KEYS}
+    settings = {k: setting(cfg, k) for k in SETTING_KEYS}
     settings["chat_template"] = digest(template) if template else None
     settings["prompts"] = f"{len(src.samples)} rows, sha256 {prompts}"
     return settings
 
 
 def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], settings: dict[str, Any],
-           bad_rows: int, world_size: int) -> dict[str, Any]:
-    """Merge the shards into the final dataset, count tokens, mark the folder complete."""
+           bad_rows: int, world_size: int,
+           store: Callable[[dict[int, Path], int, float], None] | None = None) -> dict[str, Any]:
+    """Merge the shards into the final dataset, count tokens, ``store`` the features (before the
+    folder is marked complete and the shards go), mark the folder complete."""
     from datasets import concatenate_datasets, load_from_disk
 
     from .vocab import save_token_counts, token_frequencies
@@ -382,8 +526,12 @@ def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], 
     missing = [j for j in range(n_shards) if j not in shards]
     if missing:
         raise DataError(f"{out}: shards {missing[:5]} are missing after all processes finished; rerun to resume")
-    parts = [load_from_disk(str(shards[j])) for j in range(n_shards)]
     stats = [read_json(shards[j] / SHARD_STATS) for j in range(n_shards)]
+    if not any(s["rows"] for s in stats):
+        raise DataError(f"every prompt ({sum(s['dropped'] for s in stats)}) was dropped as longer than "
+                        "--max_prompt_tokens; raise it, or pass --overlong truncate")
+    # a shard whose prompts were all dropped holds an empty dataset, which datasets cannot load back
+    parts = [load_from_disk(str(shards[j])) for j in range(n_shards) if stats[j]["rows"]]
     merged = concatenate_datasets(parts)
     total = {k: sum(s[k] for s in stats) for k in ("rows", "dropped", "truncated", "prompt_tokens",
                                                    "generated_tokens", "seconds")}
@@ -395,6 +543,8 @@ def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], 
     merged.info.description = _provenance(manifest, settings)
     save_merged(merged, out)
     save_token_counts(out, token_frequencies(merged, vocab_size))
+    if store is not None:
+        store(shards, total["rows"], (total["prompt_tokens"] + total["generated_tokens"]) / max(total["seconds"], 1e-9))
     write_json(out / MANIFEST, {**manifest, **total, "complete": True})
     shutil.rmtree(out / "shards", ignore_errors=True)
     return total

@@ -86,8 +86,7 @@ def target_features(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     ``final`` is the post-norm final hidden state; integers index HF ``hidden_states``. The LM
     head is not run. Used both by ``headway features`` and by online training.
     """
-    n = model.config.get_text_config().num_hidden_layers
-    index = {layer_key(l): (n if l == "final" else int(l)) for l in layers}
+    index = layer_indices(layers, model.config.get_text_config().num_hidden_layers)
     with torch.inference_mode():
         out = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                output_hidden_states=sorted(set(index.values())), use_cache=False)
@@ -125,6 +124,13 @@ def shard_tensors(model: nn.Module, rows: list[dict[str, Any]], layers: Sequence
             parts[k] += stored
         if on_batch is not None:
             on_batch(len(batch), sum(len(r) for r in batch))
+    return pack_shard(rows, parts)
+
+
+def pack_shard(rows: list[dict[str, Any]], parts: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One shard's tensors: ``parts`` holds per key the rows' (T_i, H) features in row order, stored
+    concatenated with the rows' tokens, loss masks, offsets and dataset indices (``distill``
+    writes the same shards from the forwards that generated the rows)."""
     lengths = torch.tensor([len(r["input_ids"]) for r in rows], dtype=torch.int64)
     tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
     tensors["input_ids"] = torch.tensor([t for r in rows for t in r["input_ids"]], dtype=torch.int32)
@@ -132,6 +138,11 @@ def shard_tensors(model: nn.Module, rows: list[dict[str, Any]], layers: Sequence
     tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     tensors["index"] = torch.tensor([r["index"] for r in rows], dtype=torch.int64)
     return tensors
+
+
+def layer_indices(layers: Sequence[str | int], num_hidden_layers: int) -> dict[str, int]:
+    """{feature key: HF ``hidden_states`` index} of parsed ``layers`` (``final`` is the last one)."""
+    return {layer_key(l): (num_hidden_layers if l == "final" else int(l)) for l in layers}
 
 
 def check_finite_row(stored: torch.Tensor, computed: torch.Tensor, key: str, row: int) -> None:

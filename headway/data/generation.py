@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -38,6 +38,43 @@ class SamplingSettings:
 class Answer:
     tokens: list[int]  # what the target wrote, its stop token included when it stopped
     stopped: bool  # False: cut by max_new_tokens
+    # with a FeatureSpec: {key: (prompt + answer tokens, H)}, the target's hidden states over the whole row
+    features: dict[str, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """Hidden states to keep while generating: {feature key: HF ``hidden_states`` index}, stored as
+    ``store_dtype`` on the CPU (``headway.data.features`` names the keys)."""
+
+    layers: Mapping[str, int]
+    store_dtype: torch.dtype = torch.bfloat16
+
+
+class FeatureRecorder:
+    """Collects, for every prompt of one ``decode_batch``, the target's hidden states over the
+    prompt (from the prefill) and over each token written (from the forward that reads it, the
+    last one included): the row's features, as a forward over the finished row gives them, from
+    forwards that generation runs anyway."""
+
+    def __init__(self, spec: FeatureSpec, n_rows: int) -> None:
+        self.spec = spec
+        self.indices = sorted(set(spec.layers.values()))
+        self.parts: list[dict[str, list[torch.Tensor]]] = [{k: [] for k in spec.layers} for _ in range(n_rows)]
+
+    def add(self, hidden: Sequence[torch.Tensor | None], rows: torch.Tensor, lengths: Sequence[int] | None = None
+            ) -> None:
+        """``hidden``: a forward's ``hidden_states``; ``rows``: (b,) the prompt of each batch row;
+        ``lengths``: real tokens per row of a left-padded prefill (else the forward read one token per row)."""
+        for key, i in self.spec.layers.items():
+            h = hidden[i]
+            assert h is not None
+            h = h.to("cpu", self.spec.store_dtype)  # (b, t, H)
+            for j, r in enumerate(rows.tolist()):
+                self.parts[r][key].append(h[j, h.shape[1] - lengths[j]:] if lengths is not None else h[j])
+
+    def rows(self) -> list[dict[str, torch.Tensor]]:
+        return [{k: torch.cat(v) for k, v in p.items()} for p in self.parts]
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,21 +123,23 @@ def generate_batch(model: nn.Module, prompts: Sequence[Sequence[int]], settings:
 
 @torch.inference_mode()
 def greedy_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 stop_ids: Sequence[int], pad_id: int) -> list[Answer]:
+                 stop_ids: Sequence[int], pad_id: int, features: FeatureSpec | None = None) -> list[Answer]:
     """Greedy answers to one left-padded batch, each row leaving the batch when it stops.
 
     ``model.generate`` keeps decoding finished rows until the batch's longest answer ends; chat
     answers vary in length (SmolLM2: 116 tokens on average under a 160-token cap), so about a third of
     its row-steps were padding. Here the KV cache drops the finished rows
     (``Cache.batch_select_indices``) and later steps cost only the live ones. Same tokens as
-    ``generate_batch`` at temperature 0 (tested).
+    ``generate_batch`` at temperature 0 (tested). With ``features``, each answer carries the row's
+    hidden states (``FeatureRecorder``).
     """
-    return decode_batch(model, prompts, max_new_tokens, stop_ids, pad_id, lambda logits: logits.float().argmax(-1))
+    return decode_batch(model, prompts, max_new_tokens, stop_ids, pad_id, lambda logits: logits.float().argmax(-1),
+                        features)
 
 
 @torch.inference_mode()
 def sample_batch(model: nn.Module, prompts: Sequence[Sequence[int]], settings: SamplingSettings,
-                 stop_ids: Sequence[int], pad_id: int, seed: int) -> list[Answer]:
+                 stop_ids: Sequence[int], pad_id: int, seed: int, features: FeatureSpec | None = None) -> list[Answer]:
     """Sampled answers (temperature, top-k, top-p as in ``generate``) to one left-padded batch,
     finished rows leaving the batch as in ``greedy_batch``. Draws come from a generator seeded
     with ``seed``, so the same batch and seed give the same answers (a resumed job redoes a batch
@@ -108,48 +147,68 @@ def sample_batch(model: nn.Module, prompts: Sequence[Sequence[int]], settings: S
     from ..sampling import SamplingParams, processed_probs
 
     if settings.temperature <= 0:
-        return greedy_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id)
+        return greedy_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id, features)
     params = SamplingParams(settings.temperature, settings.top_k, settings.top_p)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     return decode_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id,
-                        lambda logits: torch.multinomial(processed_probs(logits, params), 1, generator=gen)[:, 0])
+                        lambda logits: torch.multinomial(processed_probs(logits, params), 1, generator=gen)[:, 0],
+                        features)
 
 
 @torch.inference_mode()
 def decode_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tokens: int, stop_ids: Sequence[int],
-                 pad_id: int, choose: Callable[[torch.Tensor], torch.Tensor]) -> list[Answer]:
+                 pad_id: int, choose: Callable[[torch.Tensor], torch.Tensor],
+                 features: FeatureSpec | None = None) -> list[Answer]:
     """One left-padded batch decoded step by step; ``choose`` maps (b, V) logits of the live rows to
-    their (b,) next tokens. A row that writes a stop token leaves the batch and the KV cache."""
+    their (b,) next tokens. A row that writes a stop token leaves the batch and the KV cache; with
+    ``features`` one forward later, once its last token has been read (``FeatureRecorder``)."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id, device)  # (B, T)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts from its first token
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
+    record = FeatureRecorder(features, len(prompts)) if features is not None else None
+    hidden: dict[str, Any] = {"output_hidden_states": record.indices} if record is not None else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                logits_to_keep=1, **hidden)
+    logits = out.logits[:, -1]  # (B, V)
     rows = torch.arange(len(prompts))  # the prompt index of each live row
+    if record is not None:
+        record.add(out.hidden_states, rows, [len(p) for p in prompts])
     next_pos = positions[:, -1] + 1  # (b,)
     stops = torch.tensor(sorted(set(stop_ids)), device=device)
     answers: list[list[int]] = [[] for _ in prompts]
+
+    def keep_live(live: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        keep = live.nonzero().squeeze(1)
+        cache.batch_select_indices(keep)
+        return [rows[keep.cpu()]] + [t[keep] for t in tensors]
+
     for step in range(max_new_tokens):
         tokens = choose(logits)  # (b,)
         for r, t in zip(rows.tolist(), tokens.tolist()):
             answers[r].append(t)
-        if step == max_new_tokens - 1:
-            break
-        live = ~torch.isin(tokens, stops)  # (b,)
-        if not live.all():
+        last = step == max_new_tokens - 1
+        live = torch.zeros_like(tokens, dtype=torch.bool) if last else ~torch.isin(tokens, stops)  # (b,)
+        if record is None:  # finished rows leave before the next forward
             if not live.any():
                 break
-            keep = live.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            rows, tokens, mask, next_pos = rows[keep.cpu()], tokens[keep], mask[keep], next_pos[keep]
+            if not live.all():
+                rows, tokens, mask, next_pos = keep_live(live, tokens, mask, next_pos)
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                       cache=cache, use_cache=True).logits[:, -1]
-        next_pos = next_pos + 1
-    return [cut_at_stop(a, stop_ids) for a in answers]
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache,
+                    use_cache=True, **hidden)
+        logits, next_pos = out.logits[:, -1], next_pos + 1
+        if record is not None:  # the finished rows' last tokens were read too: now they leave
+            record.add(out.hidden_states, rows)
+            if not live.any():
+                break
+            if not live.all():
+                rows, logits, mask, next_pos = keep_live(live, logits, mask, next_pos)
+    if record is None:
+        return [cut_at_stop(a, stop_ids) for a in answers]
+    return [replace(cut_at_stop(a, stop_ids), features=f) for a, f in zip(answers, record.rows())]
 
 
 def cut_at_stop(tokens: Sequence[int], stop_ids: Sequence[int]) -> Answer:
@@ -166,16 +225,17 @@ Generate = Callable[[list[list[int]], int, list[int]], list[Answer]]
 
 
 def hf_generate(model: nn.Module, settings: SamplingSettings, stop_ids: Sequence[int], pad_id: int,
-                kernels: LinearKernels | None = None) -> Generate:
+                kernels: LinearKernels | None = None, features: FeatureSpec | None = None) -> Generate:
     """Answers by this model with these settings, as a ``Generate``; with ``kernels``, the decode
     steps' few-row linears use that choice (``headway.kernels``). Greedy runs ``greedy_batch``,
     sampling ``sample_batch`` with the batch's seed: finished rows leave the batch either way, and
-    a sampled batch draws from its own generator, so a resumed shard redraws the same answers."""
+    a sampled batch draws from its own generator, so a resumed shard redraws the same answers.
+    With ``features`` each answer carries its row's hidden states."""
     def generate(prompts: list[list[int]], seed: int, seeds: list[int]) -> list[Answer]:
         with kernels() if kernels is not None else contextlib.nullcontext():
             if settings.temperature == 0:
-                return greedy_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id)
-            return sample_batch(model, prompts, settings, stop_ids, pad_id, seed=seed)
+                return greedy_batch(model, prompts, settings.max_new_tokens, stop_ids, pad_id, features)
+            return sample_batch(model, prompts, settings, stop_ids, pad_id, seed=seed, features=features)
 
     return generate
 
