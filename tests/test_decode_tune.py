@@ -44,7 +44,9 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=3,
                          max_new_tokens=12, probe_depth=3, probe_rank=3, sizes=[2, 4], finalists=1, repeats=1,
                          temperatures=[0.0, 1.0], json_out=str(tmp_path / "tune.json"))
+        rng = torch.get_rng_state()
         report = tune(cfg, log=lambda m: None)
+        assert torch.equal(torch.get_rng_state(), rng)  # probes and sampled runs draw from their own generators
         lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("tune: ")]  # not a terminal
         runs = 2 * 3 * len(report["mean_tokens_per_s"])  # temperatures x prompts x trees
         assert lines and lines[-1].split()[1] == f"{runs}/{runs}" and all("runs/s" in x and "ETA" in x for x in lines)

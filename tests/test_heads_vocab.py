@@ -139,7 +139,9 @@ def test_save_load_round_trip_is_strict(target, tmp_path, kind):
     heads = medusa(target, ids_for()) if kind == "medusa" else Eagle1Drafter.for_target(target, draft_vocab=ids_for())
     path = heads.save_pretrained(tmp_path / "h")
     assert json.loads((path / "config.json").read_text())["draft_vocab_size"] == N
+    rng = torch.get_rng_state()
     back = load_heads(path, target=target)
+    assert torch.equal(torch.get_rng_state(), rng)  # the module's throwaway init leaves a user's seeded RNG alone
     assert back.config.draft_vocab_size == N
     for k, v in heads.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k

@@ -88,7 +88,8 @@ def forward_cost(spec: Speculator, sizes: list[int], prefix_len: int = 128, repe
 
     dev = spec.device
     prefix_len = min(prefix_len, spec.max_positions - max(sizes) - 1)
-    ids = torch.randint(3, spec.target.config.vocab_size, (1, prefix_len), device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)  # private: timing never moves a user's seeded global RNG
+    ids = torch.randint(3, spec.target.config.vocab_size, (1, prefix_len), device=dev, generator=gen)
     out: dict[int, float] = {}
     lazy = spec.uses_lazy_logits()
     for n in sorted(set(sizes)):
@@ -100,7 +101,7 @@ def forward_cost(spec: Speculator, sizes: list[int], prefix_len: int = 128, repe
         for _ in range(repeats):
             cache = DynamicCache(config=spec.target.config)
             spec.target(input_ids=ids, cache=cache, use_cache=True)
-            tok = torch.randint(3, spec.target.config.vocab_size, (1, n), device=dev)
+            tok = torch.randint(3, spec.target.config.vocab_size, (1, n), device=dev, generator=gen)
             t = time.perf_counter()
             with spec.kernels():  # the linear kernel the decoder's verify forward runs with
                 spec.target(input_ids=tok, cache=cache, use_cache=True, attention_mask=mask,

@@ -140,7 +140,8 @@ class HeadsBase(nn.Module):
         ``target`` given, check it (and ``tokenizer``) and attach."""
         if cfg["kind"] != getattr(cls, "kind", None):
             raise HeadsError(f"{path} holds '{cfg['kind']}' heads, not '{getattr(cls, 'kind', cls.__name__)}'")
-        heads = cls._from_config_dict(cfg, str(path / "config.json"))
+        with torch.random.fork_rng(devices=[]):  # the init the weights overwrite must not move a user's seeded RNG
+            heads = cls._from_config_dict(cfg, str(path / "config.json"))
         weights = path / "model.safetensors"
         tensors = read_tensors(weights)
         check_finite(tensors, str(weights))
