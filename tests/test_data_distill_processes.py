@@ -73,7 +73,8 @@ def test_two_processes_equal_one_process(llama_dir, tmp_path):
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     e = {**env(), "ACCELERATE_USE_CPU": "1"}  # `--cpu --num_processes 2` would silently run one process
-    run = subprocess.run([*launch, "-m", "headway", "distill", *args_of(cfg)], env=e, capture_output=True,
+    kept = ["--features", str(tmp_path / "two-f"), "--feature-layers", "final", "1", "--feature-store-dtype", "float32"]
+    run = subprocess.run([*launch, "-m", "headway", "distill", *args_of(cfg), *kept], env=e, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     manifest = json.loads((tmp_path / "two" / "headway_distill.json").read_text())
@@ -93,7 +94,9 @@ def test_two_processes_equal_one_process(llama_dir, tmp_path):
     f1 = features(FeaturesConfig(dataset=str(one), output=str(tmp_path / "f1"), layers=["final", "1"],
                                  store_dtype="float32", shard_size=6, batch_size=4))
     a, b = FeatureStore(f1), FeatureStore(tmp_path / "f2")
-    assert len(a) == len(b) == 20
+    kept = FeatureStore(tmp_path / "two-f")  # both processes' shards, kept while they distilled
+    assert len(a) == len(b) == len(kept) == 20
     for i in range(len(a)):
         for k, v in a[i].items():
             torch.testing.assert_close(b[i][k], v, rtol=0, atol=1e-6)
+            torch.testing.assert_close(kept[i][k], v, rtol=1e-5, atol=1e-5)

@@ -37,11 +37,13 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .errors import DataError, ResumeMismatchError
+from .feature_format import (FORMAT as FEATURES_FORMAT, MANIFEST as FEATURES_MANIFEST, STORE_DTYPES, SUFFIX,
+                             features_command, finish_features, layer_indices, pack_shard, parse_layers)
 from .generation import FeatureSpec, Generate, hf_generate, stop_token_ids
 from .configs import DistillConfig  # noqa: F401  (re-exported; light, for --help)
 from .plans import Plan, fit_budget, make_plan
 from ..publish import publish, publishing
-from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale,
+from .shards import (check_settings, complete_shards, digest, link_or_copy, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
 from .sources import SourceResult, read_samples
 
@@ -140,8 +142,6 @@ def distill_shard(generate: Generate, tokenizer: Any, plans: list[Plan | None], 
     ordered = [rows[i] for i in range(len(kept))]
     if spec is None:
         return ordered, stats, None
-    from .features import pack_shard
-
     empty = torch.zeros(0, hidden_size, dtype=spec.store_dtype)  # a shard whose prompts were all dropped
     parts = {k: [feats[i][k] for i in range(len(kept))] or [empty] for k in spec.layers}
     return ordered, stats, pack_shard(ordered, parts)
@@ -273,8 +273,6 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
         say(f"skipped {len(src.bad)} bad row(s); first: {src.bad[0]}")
     if manifest.get("complete"):
         if feature_out is not None and not read_json_or_empty(feature_out / FEATURES_MANIFEST).get("complete"):
-            from .features import features_command
-
             raise DataError(f"{out} is complete but its features folder {feature_out} is not there (the shards they "
                             "came from are gone); make them with: " + features_command(
                                 feature_settings(cfg, out, manifest["rows"], layers), feature_out))
@@ -430,16 +428,11 @@ def check_chat_inputs(src: SourceResult, template: str | None, cfg: DistillConfi
 
 # ---------------------------------------------------------------- --features
 
-FEATURES_MANIFEST = "features.json"  # features.MANIFEST, without importing it here
-
-
 def feature_spec(cfg: DistillConfig, num_hidden_layers: int) -> tuple[FeatureSpec | None, list[str | int]]:
     """What ``--features`` keeps while generating, and the parsed layers (a bad spec fails here,
     before any generation)."""
     if not cfg.features:
         return None, []
-    from .features import STORE_DTYPES, layer_indices, parse_layers
-
     layers = parse_layers(cfg.feature_layers, num_hidden_layers)
     return FeatureSpec(layer_indices(layers, num_hidden_layers), STORE_DTYPES[cfg.feature_store_dtype]), layers
 
@@ -470,9 +463,6 @@ def feature_settings(cfg: DistillConfig, out: Path, rows: int, layers: list[str 
 def write_features(shards: dict[int, Path], folder: Path, settings: dict[str, Any], layers: list[str | int],
                    info: Any, spec: FeatureSpec | None, tokens_per_s: float) -> None:
     """Publish the shards' features as a features folder (linked, not copied: the shards go next)."""
-    from .features import FORMAT as FEATURES_FORMAT, SUFFIX, finish_features
-    from .merge import link_or_copy
-
     assert spec is not None
     folder.mkdir(parents=True, exist_ok=True)
     for j, shard in sorted(shards.items()):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,53 +31,14 @@ from torch import nn
 from .configs import FeaturesConfig  # noqa: F401  (re-exported; light, for --help)
 from ..publish import publishing
 from .errors import DataError
+# the folder's format (re-exported: this module documents the folder)
+from .feature_format import (FORMAT, MANIFEST, STORE_DTYPES, SUFFIX, dataset_rows, eagle3_layers,  # noqa: F401
+                             features_command, finish_features, layer_indices, layer_key, pack_shard, parse_layers)
 from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale, shard_name,
-                     shard_ranges, write_json)
-
-MANIFEST = "features.json"
-FORMAT = "headway-features"
-SUFFIX = ".safetensors"
-STORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+                     shard_ranges)
 
 
-# ---------------------------------------------------------------- layer specs
-
-def parse_layers(layers: Sequence[str | int], num_hidden_layers: int) -> list[str | int]:
-    """Validate and expand a layer spec: 'final', hidden-state indices 0..L, or 'eagle3'."""
-    out: list[str | int] = []
-    for spec in layers:
-        s = str(spec).strip().lower()
-        if s == "final":
-            out.append("final")
-        elif s == "eagle3":
-            out += eagle3_layers(num_hidden_layers)
-        elif s.lstrip("-").isdigit():
-            i = int(s)
-            if not 0 <= i <= num_hidden_layers:
-                raise DataError(f"layer {i} is not a hidden_states index of a {num_hidden_layers}-layer target "
-                                f"(0..{num_hidden_layers}; use 'final' for the post-norm final state)")
-            out.append(i)
-        else:
-            raise DataError(f"unknown layer '{spec}'; use 'final', an integer hidden_states index, or 'eagle3'")
-    if len(set(map(str, out))) != len(out):
-        raise DataError(f"layers {out} repeat a layer")
-    if not out:
-        raise DataError("no layers given")
-    return out
-
-
-def eagle3_layers(num_hidden_layers: int) -> list[int]:
-    """EAGLE-3's default low / middle / high layers: hidden_states indices (2, L//2, L-3)."""
-    layers = [2, num_hidden_layers // 2, num_hidden_layers - 3]
-    if len(set(layers)) < 3 or min(layers) < 0:
-        raise DataError(f"EAGLE-3's default layers (2, L//2, L-3) = {tuple(layers)} are not three distinct layers "
-                        f"of a {num_hidden_layers}-layer target; list hidden_states indices explicitly")
-    return layers
-
-
-def layer_key(layer: str | int) -> str:
-    return "final" if layer == "final" else f"hidden_states.{int(layer)}"
-
+# ---------------------------------------------------------------- computing
 
 def target_features(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                     layers: Sequence[str | int]) -> dict[str, torch.Tensor]:
@@ -125,24 +86,6 @@ def shard_tensors(model: nn.Module, rows: list[dict[str, Any]], layers: Sequence
         if on_batch is not None:
             on_batch(len(batch), sum(len(r) for r in batch))
     return pack_shard(rows, parts)
-
-
-def pack_shard(rows: list[dict[str, Any]], parts: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """One shard's tensors: ``parts`` holds per key the rows' (T_i, H) features in row order, stored
-    concatenated with the rows' tokens, loss masks, offsets and dataset indices (``distill``
-    writes the same shards from the forwards that generated the rows)."""
-    lengths = torch.tensor([len(r["input_ids"]) for r in rows], dtype=torch.int64)
-    tensors = {k: torch.cat(v).contiguous() for k, v in parts.items()}
-    tensors["input_ids"] = torch.tensor([t for r in rows for t in r["input_ids"]], dtype=torch.int32)
-    tensors["loss_mask"] = torch.tensor([t for r in rows for t in r["loss_mask"]], dtype=torch.int8)
-    tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-    tensors["index"] = torch.tensor([r["index"] for r in rows], dtype=torch.int64)
-    return tensors
-
-
-def layer_indices(layers: Sequence[str | int], num_hidden_layers: int) -> dict[str, int]:
-    """{feature key: HF ``hidden_states`` index} of parsed ``layers`` (``final`` is the last one)."""
-    return {layer_key(l): (num_hidden_layers if l == "final" else int(l)) for l in layers}
 
 
 def check_finite_row(stored: torch.Tensor, computed: torch.Tensor, key: str, row: int) -> None:
@@ -241,33 +184,6 @@ def dataset_target(data_path: Path, manifest_name: str, cfg: FeaturesConfig) -> 
     raise DataError(f"{data_path} does not record its target; pass --target")
 
 
-def finish_features(out: Path, n_shards: int, manifest: dict[str, Any], layers: list[str | int], info: Any,
-                    store_dtype: torch.dtype, tokens_per_s: float) -> dict[str, Any]:
-    from safetensors import safe_open
-
-    files = complete_shards(out, SUFFIX)
-    missing = [j for j in range(n_shards) if j not in files]
-    if missing:
-        raise DataError(f"{out}: feature shards {missing[:5]} are missing after all processes finished; rerun")
-    shards, disk = [], 0
-    for j in range(n_shards):
-        with safe_open(str(files[j]), "pt") as f:
-            meta = f.metadata()
-        shards.append({"file": files[j].name, "rows": int(meta["rows"]), "tokens": int(meta["tokens"])})
-        disk += files[j].stat().st_size
-    tokens = sum(s["tokens"] for s in shards)
-    keys = [layer_key(l) for l in layers]
-    final = {**manifest, "layers": [str(l) for l in layers], "keys": keys, "dtype": str(store_dtype).split(".")[-1],
-             "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers, "target": asdict(info),
-             "rows_per_shard": manifest["settings"]["shard_size"], "shards": shards,
-             "num_rows": sum(s["rows"] for s in shards), "num_tokens": tokens,
-             "feature_bytes_per_token": len(keys) * info.hidden_size * store_dtype.itemsize,
-             "bytes_per_token": round(disk / max(tokens, 1), 1), "tokens_per_s": round(tokens_per_s, 1),
-             "complete": True}
-    write_json(out / MANIFEST, final)
-    return final
-
-
 # ---------------------------------------------------------------- reading
 
 def read_features_manifest(path: str | Path) -> dict[str, Any]:
@@ -276,30 +192,6 @@ def read_features_manifest(path: str | Path) -> dict[str, Any]:
     if not (path / MANIFEST).is_file():
         raise DataError(f"{path} holds no {MANIFEST}; make it with headway features DATASET --output {path}")
     return read_json(path / MANIFEST)
-
-
-def features_command(settings: dict[str, Any], output: str | Path, layers: Sequence[str] | None = None) -> str:
-    """The ``headway features`` command line that makes (or, same settings, completes) a features folder."""
-    defaults = {f.name: f.default for f in FeaturesConfig.__dataclass_fields__.values()}
-    words = ["headway features", str(settings["dataset"]), "--layers", *map(str, layers or settings["layers"]),
-             "--output", str(output), "--target", str(settings["target"])]
-    for key in ("revision", "adapter", "dtype", "store_dtype", "shard_size"):
-        if settings.get(key) is not None and settings[key] != defaults[key]:
-            words += [f"--{key}", str(settings[key])]
-    rows = dataset_rows(settings["dataset"])
-    if rows is None or settings.get("rows", rows) < rows:
-        words += ["--limit", str(settings["rows"])]
-    return " ".join(words)
-
-
-def dataset_rows(path: str | Path) -> int | None:
-    """Rows of a distilled dataset folder, or None when it cannot be read."""
-    try:
-        from datasets import load_from_disk
-
-        return len(load_from_disk(str(Path(path).expanduser())))
-    except Exception:  # noqa: BLE001 - only a hint for a message
-        return None
 
 
 class FeatureStore:

@@ -17,15 +17,13 @@ in the same dtype. A mismatch is refused with both values named; nothing is writ
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..config import opt
 from .errors import DataError
-from .shards import digest, read_json, shard_name, write_json
+from .shards import digest, link_or_copy, read_json, shard_name, write_json
 
 # what must agree between datasets made by the same target (the name it was given may differ)
 TARGET_KEYS = ("hidden_size", "vocab_size", "num_hidden_layers", "architecture")
@@ -206,14 +204,6 @@ def check_features(paths: Sequence[Path]) -> tuple[list[dict[str, Any]], list[di
             raise DataError(f"{m['path']} holds {m['num_rows']} rows of its dataset's {d['rows']} (made with "
                             "--limit); make features of every row to merge it")
     return manifests, datasets
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard link (no bytes copied, the inputs may be deleted later) or, across file systems, copy."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def write_features(manifests: list[dict[str, Any]], datasets: list[dict[str, Any]], out: Path) -> str:

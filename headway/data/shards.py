@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -53,6 +54,14 @@ def remove_stale(folder: Path, shards: list[int]) -> None:
     for p in folder.iterdir():
         if p.name.startswith(prefixes) and ".tmp" in p.name:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard link (no bytes copied, the inputs may be deleted later) or, across file systems, copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def write_json(path: Path, data: Any) -> None:
