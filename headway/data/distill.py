@@ -305,10 +305,10 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     procs.barrier()
     if procs.is_main:
         store = None
-        if feature_out is not None:
+        if feature_out is not None and spec is not None:
             def store(shards: dict[int, Path], rows: int, tokens_per_s: float) -> None:
                 write_features(shards, feature_out, feature_settings(cfg, out, rows, layers), layers, info,
-                               spec, tokens_per_s)
+                               spec.store_dtype, tokens_per_s)
         summary = finish(out, len(ranges), info.vocab_size, manifest, settings, len(src.bad), procs.world_size,
                          store)
         say(summary_line(summary, out) + (f"; features in {feature_out}" if feature_out is not None else ""))
@@ -461,9 +461,8 @@ def feature_settings(cfg: DistillConfig, out: Path, rows: int, layers: list[str 
 
 
 def write_features(shards: dict[int, Path], folder: Path, settings: dict[str, Any], layers: list[str | int],
-                   info: Any, spec: FeatureSpec | None, tokens_per_s: float) -> None:
+                   info: Any, store_dtype: torch.dtype, tokens_per_s: float) -> None:
     """Publish the shards' features as a features folder (linked, not copied: the shards go next)."""
-    assert spec is not None
     folder.mkdir(parents=True, exist_ok=True)
     for j, shard in sorted(shards.items()):
         src = shard / SHARD_FEATURES
@@ -474,7 +473,7 @@ def write_features(shards: dict[int, Path], folder: Path, settings: dict[str, An
         dst.unlink(missing_ok=True)  # an earlier finish that stopped halfway
         link_or_copy(src, dst)
     manifest = {"format": FEATURES_FORMAT, "version": 1, "written_by": "headway distill", "settings": settings}
-    finish_features(folder, len(shards), manifest, layers, info, spec.store_dtype, tokens_per_s)
+    finish_features(folder, len(shards), manifest, layers, info, store_dtype, tokens_per_s)
 
 
 # the options that decide the rows (with the prompts and the chat template): a resume must match them all
@@ -534,7 +533,8 @@ def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], 
     save_merged(merged, out)
     save_token_counts(out, token_frequencies(merged, vocab_size))
     if store is not None:
-        store(shards, total["rows"], (total["prompt_tokens"] + total["generated_tokens"]) / max(total["seconds"], 1e-9))
+        row_tokens = total["prompt_tokens"] + total["generated_tokens"]
+        store(shards, total["rows"], row_tokens / max(total["seconds"], 1e-9))
     write_json(out / MANIFEST, {**manifest, **total, "complete": True})
     shutil.rmtree(out / "shards", ignore_errors=True)
     return total

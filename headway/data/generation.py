@@ -45,7 +45,7 @@ class Answer:
 @dataclass(frozen=True)
 class FeatureSpec:
     """Hidden states to keep while generating: {feature key: HF ``hidden_states`` index}, stored as
-    ``store_dtype`` on the CPU (``headway.data.features`` names the keys)."""
+    ``store_dtype`` (``headway.data.feature_format.layer_key`` names the keys)."""
 
     layers: Mapping[str, int]
     store_dtype: torch.dtype = torch.bfloat16
@@ -55,26 +55,45 @@ class FeatureRecorder:
     """Collects, for every prompt of one ``decode_batch``, the target's hidden states over the
     prompt (from the prefill) and over each token written (from the forward that reads it, the
     last one included): the row's features, as a forward over the finished row gives them, from
-    forwards that generation runs anyway."""
+    forwards that generation runs anyway. A decode step only appends its (b, H) states and row ids
+    (no per-row work, no copy off the device); ``rows`` sorts them out once, at the end."""
 
-    def __init__(self, spec: FeatureSpec, n_rows: int) -> None:
+    def __init__(self, spec: FeatureSpec, prompt_lengths: Sequence[int]) -> None:
         self.spec = spec
         self.indices = sorted(set(spec.layers.values()))
-        self.parts: list[dict[str, list[torch.Tensor]]] = [{k: [] for k in spec.layers} for _ in range(n_rows)]
+        self.lengths = list(prompt_lengths)
+        self.prompt: dict[str, torch.Tensor] = {}  # key -> (B, T, H), left-padded
+        self.steps: dict[str, list[torch.Tensor]] = {k: [] for k in spec.layers}  # key -> per step (b, H)
+        self.step_rows: list[torch.Tensor] = []  # per step (b,): the prompt each state belongs to
 
-    def add(self, hidden: Sequence[torch.Tensor | None], rows: torch.Tensor, lengths: Sequence[int] | None = None
-            ) -> None:
-        """``hidden``: a forward's ``hidden_states``; ``rows``: (b,) the prompt of each batch row;
-        ``lengths``: real tokens per row of a left-padded prefill (else the forward read one token per row)."""
-        for key, i in self.spec.layers.items():
-            h = hidden[i]
-            assert h is not None
-            h = h.to("cpu", self.spec.store_dtype)  # (b, t, H)
-            for j, r in enumerate(rows.tolist()):
-                self.parts[r][key].append(h[j, h.shape[1] - lengths[j]:] if lengths is not None else h[j])
+    def add_prefill(self, hidden: Sequence[torch.Tensor | None]) -> None:
+        self.prompt = {k: self._take(hidden, i) for k, i in self.spec.layers.items()}
+
+    def add_step(self, hidden: Sequence[torch.Tensor | None], rows: torch.Tensor) -> None:
+        """``rows``: (b,) the prompt of each batch row of a forward that read one token per row."""
+        self.step_rows.append(rows)
+        for k, i in self.spec.layers.items():
+            self.steps[k].append(self._take(hidden, i)[:, -1])
+
+    def _take(self, hidden: Sequence[torch.Tensor | None], i: int) -> torch.Tensor:
+        h = hidden[i]
+        assert h is not None
+        return h.to(self.spec.store_dtype)
 
     def rows(self) -> list[dict[str, torch.Tensor]]:
-        return [{k: torch.cat(v) for k, v in p.items()} for p in self.parts]
+        """Per prompt {key: (prompt + written tokens, H)} on the CPU."""
+        n = len(self.lengths)
+        ids = torch.cat(self.step_rows)  # decode_batch runs every row through at least one step
+        order = torch.argsort(ids, stable=True)  # each prompt's steps together, in step order
+        counts = torch.bincount(ids, minlength=n).tolist()
+        out: list[dict[str, torch.Tensor]] = [{} for _ in range(n)]
+        for k, prompt in self.prompt.items():
+            prompt = prompt.cpu()
+            written = torch.cat(self.steps[k]).cpu()[order].split(counts)
+            width = prompt.shape[1]
+            for r, length in enumerate(self.lengths):
+                out[r][k] = torch.cat([prompt[r, width - length:], written[r]])
+        return out
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,14 +187,14 @@ def decode_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tok
     ids, mask = left_pad(prompts, pad_id, device)  # (B, T)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts from its first token
     cache = DynamicCache(config=model.config)
-    record = FeatureRecorder(features, len(prompts)) if features is not None else None
+    record = FeatureRecorder(features, [len(p) for p in prompts]) if features is not None else None
     hidden: dict[str, Any] = {"output_hidden_states": record.indices} if record is not None else {}
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
                 logits_to_keep=1, **hidden)
     logits = out.logits[:, -1]  # (B, V)
     rows = torch.arange(len(prompts))  # the prompt index of each live row
     if record is not None:
-        record.add(out.hidden_states, rows, [len(p) for p in prompts])
+        record.add_prefill(out.hidden_states)
     next_pos = positions[:, -1] + 1  # (b,)
     stops = torch.tensor(sorted(set(stop_ids)), device=device)
     answers: list[list[int]] = [[] for _ in prompts]
@@ -201,7 +220,7 @@ def decode_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tok
                     use_cache=True, **hidden)
         logits, next_pos = out.logits[:, -1], next_pos + 1
         if record is not None:  # the finished rows' last tokens were read too: now they leave
-            record.add(out.hidden_states, rows)
+            record.add_step(out.hidden_states, rows)
             if not live.any():
                 break
             if not live.all():
