@@ -8,7 +8,10 @@ built for AVX2), SmolLM2-135M's 211 linears took, for 1 / 4 / 8 / 16 / 64 rows, 
 ``F.linear`` 33.6 / 52.3 / 61.5 / 87.3 / 254 ms, native 18.0 / 18.0 / 28.6 / 56.4 / 227 ms; with 2:
 ``F.linear`` 36.2 / 53.5 / 57.6 / 67.8 / 133 ms, native 15.6 / 16.1 / 19.2 / 33.5 / 128 ms
 (``benchmarks/native_threads.py``). A verify of 8 tokens then costs less than the stock one-token
-forward.
+forward. Past 8 rows the product is bound by its multiply-adds, and the kernel runs register tiles
+(4 weight rows x 6 rows, in AVX-512 vectors where built with -mavx512f): on a 2-core Xeon with
+AVX-512, 2 threads, 16 / 24 / 48 rows took 0.71 / 0.64 / 0.57x the time of 8-row chunks
+(``benchmarks/native_tiles.py``).
 
 It is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~30 s of CPU once,
 cached by torch under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Where it cannot
@@ -41,9 +44,10 @@ class NativeKernelError(HeadwayError):
 
 
 def _flags() -> tuple[list[str], list[str]]:
-    """(compiler flags, linker flags): -O3, AVX2/FMA on an x86-64 CPU that has them (built where it
-    runs, so no -march=native: a cached build then also runs on any other AVX2 machine sharing the
-    cache), and -fopenmp where ATen's parallel backend is OpenMP (Linux wheels): ``at::parallel_for``
+    """(compiler flags, linker flags): -O3, AVX2/FMA on an x86-64 CPU that has them, + AVX-512F where
+    it has that (the many-row tiles; no -march=native, so a cached build also runs on any machine of
+    the same capability sharing the cache, and the flags are in the build's name: another capability
+    builds its own), and -fopenmp where ATen's parallel backend is OpenMP (Linux wheels): ``at::parallel_for``
     is a header template, so without it the kernel ran on one thread whatever torch's thread count
     (2 threads, 16 rows of SmolLM2-135M's linears: 61 ms without, 34 ms with). The loader reuses the
     libgomp torch already holds (same soname), so there is one OpenMP pool."""
@@ -51,6 +55,8 @@ def _flags() -> tuple[list[str], list[str]]:
     if platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2",
                                                                                                        "AVX512"):
         flags += ["-mavx2", "-mfma"]
+        if torch.backends.cpu.get_cpu_capability() == "AVX512":
+            flags.append("-mavx512f")  # the many-row tiles: 16-float vectors, 32 registers
     link = []
     if platform.system() == "Linux" and "parallel backend: OpenMP" in torch.__config__.parallel_info():
         flags.append("-fopenmp")

@@ -30,8 +30,10 @@ def built():
     assert ok, why
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33])
-@pytest.mark.parametrize("dims", [(576, 40), (24, 7), (37, 33)])  # in/out: multiples of 16 or not
+# 1-8 rows: chunks that stream the weights; more: register tiles of 6 rows (9 = 6 + 3, 12 = 6 + 6, 48 = 8
+# tiles) over blocks of 4 weight rows in tasks of 32 (out 70: two tasks and a partial one, 70 % 4 = 2 left)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 24, 33, 48])
+@pytest.mark.parametrize("dims", [(576, 40), (24, 7), (37, 33), (96, 70)])  # in/out: multiples of 16 or not
 def test_native_equals_f_linear(built, rows, dims):
     torch.manual_seed(rows)
     k, o = dims
@@ -52,6 +54,19 @@ def test_native_runs_on_torchs_threads(built):
         assert native.parallel_width(64) == 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_flags_follow_the_cpu(monkeypatch):
+    """AVX2/FMA on an AVX2 x86 CPU, + AVX-512 where it has it (the many-row tiles' 16-float vectors);
+    the flags are part of the build's cache tag, so an AVX2 machine sharing the cache builds its own."""
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    for capability, expect in [("AVX512", ["-mavx2", "-mfma", "-mavx512f"]), ("AVX2", ["-mavx2", "-mfma"]),
+                               ("DEFAULT", [])]:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        flags, _ = native._flags()
+        assert [f for f in flags if f.startswith("-m")] == expect, capability
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    assert not [f for f in native._flags()[0] if f.startswith("-m")]
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 24), (2, 5, 24), (3, 24)])
@@ -160,10 +175,11 @@ def test_a_compiler_without_openmp_still_gets_the_serial_kernel(monkeypatch):
         native._build.cache_clear()
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
-def test_tree_decoding_stays_exact_with_native_linears(built, kind):
+@pytest.mark.parametrize("kind, tree", [("eagle3", "chain-3"), ("medusa", "chain-3"),
+                                        ("eagle3", "dynamic-4-4-16")])  # 16 verify rows: the register tiles
+def test_tree_decoding_stays_exact_with_native_linears(built, kind, tree):
     model, tok = tiny_target("llama")
-    spec = Speculator(model, tok, make_heads(kind, model), tree="chain-3", linear_kernel="native")
+    spec = Speculator(model, tok, make_heads(kind, model), tree=tree, linear_kernel="native")
     assert spec.kernels.plan().kernels == ("native",) * len(BUCKETS)
     for p in prompts(tok, n=4):
         ref = reference(model, p, 16)

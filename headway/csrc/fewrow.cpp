@@ -1,13 +1,14 @@
-// headway's native few-row linear: out = x @ w.T for x of a few rows (1-8 at once, more in chunks of 8), float32.
+// headway's native few-row linear: out = x @ w.T for x of a few rows (1-8 streamed, 9+ in register tiles), float32.
 //
-// Decoding multiplies a handful of rows by every weight matrix, so the product is bound by reading
-// the weights. This kernel reads each weight once whatever the row count: a block of R weight rows
+// Decoding multiplies a handful of rows by every weight matrix, so up to ~8 rows the product is bound
+// by reading the weights. There this kernel reads each weight once whatever the row count: a block of R weight rows
 // is streamed once and multiplied against all N input rows (R*N accumulators in registers), with a
 // software prefetch a few KB ahead in each streamed row. Without the prefetch, the extra FMAs of a
 // second row crowd the loads out of the CPU's window and a 2-row product costs ~1.2-1.4x a 1-row
 // one; with it, 1-4 rows cost about one row's time and 8 rows ~1.6x (a 2-core AMD EPYC: see
-// headway/native.py). GCC/Clang vector extensions: AVX2+FMA where built with -mavx2 -mfma, the
-// compiler's best elsewhere. Threads: ATen's intra-op pool, over blocks of 16 output rows (ATen's
+// headway/native.py). Past 8 rows (draft trees of 9-64 nodes) the multiply-adds bound it instead:
+// many() below. GCC/Clang vector extensions: AVX2+FMA where built with -mavx2 -mfma (+ 16-float
+// AVX-512 vectors in the tiles with -mavx512f), the compiler's best elsewhere. Threads: ATen's intra-op pool, over blocks of 16 output rows (ATen's
 // parallel_for is inlined into this file, so with an OpenMP build of torch it only runs in parallel
 // when this file is compiled with -fopenmp: headway/native.py adds it).
 #include <torch/extension.h>
@@ -16,6 +17,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -25,6 +29,8 @@ constexpr int64_t kPrefetch = 2048;          // floats ahead in each streamed ro
 constexpr int kAccumulators = 8;             // R * N: leaves registers for the loads
 constexpr int64_t kGrain = 16;               // output rows per parallel task
 constexpr int64_t kChunk = 8;                // rows of x at once (R * N <= kAccumulators): more go in chunks
+constexpr int64_t kManyRows = 8;             // more rows than this: register tiles (many())
+constexpr int64_t kManyGrain = 32;           // weight rows per parallel task in many(): 32 x K floats in L2
 
 typedef float vec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4), __may_alias__));
 
@@ -76,6 +82,103 @@ using Span = void (*)(const float*, const float*, float*, int64_t, int64_t, int6
 static_assert(kChunk == 8, "one span per row count up to kChunk");
 constexpr Span kSpan[8] = {span<1>, span<2>, span<3>, span<4>, span<5>, span<6>, span<7>, span<8>};
 
+
+// Past ~8 rows the product is bound by the FMAs, not by reading the weights: a tile of kTileW weight
+// rows x kTileX rows of x keeps kTileW * kTileX accumulators in registers and loads kTileW + kTileX
+// vectors per kTileW * kTileX FMAs, in the CPU's widest vectors (AVX-512 where built with -mavx512f:
+// 32 registers hold the 24 accumulators and the loads). The weight rows stay in L1 while every chunk
+// of x passes them, so they still come from memory once.
+#if defined(__AVX512F__)
+constexpr int kWide = 16;
+constexpr int kTileW = 4;
+constexpr int kTileX = 6;
+#else
+constexpr int kWide = 8;
+constexpr int kTileW = 2;
+constexpr int kTileX = 6;
+#endif
+typedef float wide __attribute__((vector_size(kWide * sizeof(float)), aligned(4), __may_alias__));
+
+inline wide load_wide(const float* p) { return *reinterpret_cast<const wide*>(p); }
+
+// the lanes' sum, in registers (a lane-by-lane sum, or one through memory, costs about what the FMAs of
+// a 576-long dot product do)
+#if defined(__AVX512F__)
+inline float sum_wide(wide v) { return _mm512_reduce_add_ps((__m512)v); }
+#elif defined(__AVX__)
+inline float sum_wide(wide v) {
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
+  const __m128 h = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+#else
+inline float sum_wide(wide v) {
+  float s = 0.f;
+  for (int i = 0; i < kWide; ++i) s += v[i];
+  return s;
+}
+#endif
+
+// out[j * O + o] = dot(x[j], w[o]) for o in [o0, o0 + R), j < N; Fetch: prefetch the weights ahead
+// (the first chunk of x to pass a block of weight rows reads them from memory, the others from L2)
+template <int N, int R, bool Fetch>
+inline void tile(const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0) {
+  wide acc[R][N];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < N; ++j) acc[r][j] = wide{};
+  const float* wr = w + o0 * K;
+  int64_t k = 0;
+  for (; k + kWide <= K; k += kWide) {
+    if (Fetch)
+      for (int r = 0; r < R; ++r) __builtin_prefetch(wr + r * K + k + kPrefetch, 0, 3);
+    wide wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_wide(wr + r * K + k);
+    for (int j = 0; j < N; ++j) {
+      const wide xv = load_wide(x + j * K + k);
+      for (int r = 0; r < R; ++r) acc[r][j] += wv[r] * xv;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < N; ++j) {
+      float s = sum_wide(acc[r][j]);
+      for (int64_t t = k; t < K; ++t) s += wr[r * K + t] * x[j * K + t];
+      out[j * O + o0 + r] = s;
+    }
+}
+
+// N rows of x against the weight rows [o0, o1), kTileW at a time
+template <int N, bool Fetch>
+void tile_span(const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+  int64_t o = o0;
+  for (; o + kTileW <= o1; o += kTileW) tile<N, kTileW, Fetch>(x, w, out, K, O, o);
+  for (; o < o1; ++o) tile<N, 1, Fetch>(x, w, out, K, O, o);
+}
+
+template <bool Fetch>
+void tile_rows(int m, const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+  switch (m) {
+    case 1: tile_span<1, Fetch>(x, w, out, K, O, o0, o1); break;
+    case 2: tile_span<2, Fetch>(x, w, out, K, O, o0, o1); break;
+    case 3: tile_span<3, Fetch>(x, w, out, K, O, o0, o1); break;
+    case 4: tile_span<4, Fetch>(x, w, out, K, O, o0, o1); break;
+    case 5: tile_span<5, Fetch>(x, w, out, K, O, o0, o1); break;
+    default: tile_span<6, Fetch>(x, w, out, K, O, o0, o1); break;
+  }
+}
+static_assert(kTileX == 6, "tile_rows() covers 1 to kTileX rows");
+
+// all n rows of x against the weight rows [o0, o1) (kManyGrain of them fit in L2), kTileX rows at a time:
+// a chunk of x stays in L1 while the weight rows stream past it
+void many(const float* x, const float* w, float* out, int64_t n, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+  for (int64_t j = 0; j < n; j += kTileX) {
+    const int m = static_cast<int>(std::min<int64_t>(kTileX, n - j));
+    if (j == 0)
+      tile_rows<true>(m, x, w, out, K, O, o0, o1);
+    else
+      tile_rows<false>(m, x + j * K, w, out + j * O, K, O, o0, o1);
+  }
+}
+
 }  // namespace
 
 // x: (n, in) float32, w: (out, in) float32 -> (n, out); n > 8 runs in chunks of 8 rows
@@ -92,6 +195,12 @@ torch::Tensor fewrow(torch::Tensor x, torch::Tensor w) {
   float* op = out.data_ptr<float>();
   // over blocks of kGrain weight rows; more than 8 rows of x go in chunks of 8 against each block
   // while it is in cache, so the weights still come from memory once
+  if (n > kManyRows) {
+    at::parallel_for(0, (O + kManyGrain - 1) / kManyGrain, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) many(xp, wp, op, n, K, O, b * kManyGrain, std::min(O, (b + 1) * kManyGrain));
+    });
+    return out;
+  }
   at::parallel_for(0, (O + kGrain - 1) / kGrain, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t o0 = b * kGrain, o1 = std::min(O, o0 + kGrain);
