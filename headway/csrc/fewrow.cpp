@@ -1,16 +1,18 @@
-// headway's native few-row linear: out = x @ w.T for x of a few rows (1-8 streamed, 9+ in register tiles), float32.
+// headway's native few-row linear: out = x @ w.T for x of a few rows (1-8 streamed, 9+ in register tiles),
+// float32.
 //
 // Decoding multiplies a handful of rows by every weight matrix, so up to ~8 rows the product is bound
-// by reading the weights. There this kernel reads each weight once whatever the row count: a block of R weight rows
-// is streamed once and multiplied against all N input rows (R*N accumulators in registers), with a
+// by reading the weights. There this kernel reads each weight once whatever the row count: a block of
+// R weight rows is streamed once and multiplied against all N input rows (R*N accumulators in registers), with a
 // software prefetch a few KB ahead in each streamed row. Without the prefetch, the extra FMAs of a
 // second row crowd the loads out of the CPU's window and a 2-row product costs ~1.2-1.4x a 1-row
 // one; with it, 1-4 rows cost about one row's time and 8 rows ~1.6x (a 2-core AMD EPYC: see
 // headway/native.py). Past 8 rows (draft trees of 9-64 nodes) the multiply-adds bound it instead:
 // many() below. GCC/Clang vector extensions: AVX2+FMA where built with -mavx2 -mfma (+ 16-float
-// AVX-512 vectors in the tiles with -mavx512f), the compiler's best elsewhere. Threads: ATen's intra-op pool, over blocks of 16 output rows (ATen's
-// parallel_for is inlined into this file, so with an OpenMP build of torch it only runs in parallel
-// when this file is compiled with -fopenmp: headway/native.py adds it).
+// AVX-512 vectors in the tiles with -mavx512f), the compiler's best elsewhere. Threads: ATen's
+// intra-op pool, over blocks of 16 (tiles: 32) output rows (ATen's parallel_for is inlined into this
+// file, so with an OpenMP build of torch it only runs in parallel when this file is compiled with
+// -fopenmp: headway/native.py adds it).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -28,7 +30,7 @@ constexpr int kStep = 16;                    // floats per row per iteration: on
 constexpr int64_t kPrefetch = 2048;          // floats ahead in each streamed row (8 KB)
 constexpr int kAccumulators = 8;             // R * N: leaves registers for the loads
 constexpr int64_t kGrain = 16;               // output rows per parallel task
-constexpr int64_t kChunk = 8;                // rows of x at once (R * N <= kAccumulators): more go in chunks
+constexpr int64_t kChunk = 8;                // rows of x streamed at once (R * N <= kAccumulators)
 constexpr int64_t kManyRows = 8;             // more rows than this: register tiles (many())
 constexpr int64_t kManyGrain = 32;           // weight rows per parallel task in many(): 32 x K floats in L2
 
@@ -79,15 +81,15 @@ void span(const float* x, const float* w, float* out, int64_t K, int64_t O, int6
 }
 
 using Span = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-static_assert(kChunk == 8, "one span per row count up to kChunk");
+static_assert(kChunk == 8 && kManyRows == kChunk, "one span per row count up to kChunk; more: tiles");
 constexpr Span kSpan[8] = {span<1>, span<2>, span<3>, span<4>, span<5>, span<6>, span<7>, span<8>};
 
 
 // Past ~8 rows the product is bound by the FMAs, not by reading the weights: a tile of kTileW weight
 // rows x kTileX rows of x keeps kTileW * kTileX accumulators in registers and loads kTileW + kTileX
 // vectors per kTileW * kTileX FMAs, in the CPU's widest vectors (AVX-512 where built with -mavx512f:
-// 32 registers hold the 24 accumulators and the loads). The weight rows stay in L1 while every chunk
-// of x passes them, so they still come from memory once.
+// 32 registers hold the 24 accumulators and the loads). A task's 32 weight rows stay in L2 while every
+// chunk of x passes them (the first pass reads them from memory, prefetched), so they are read once.
 #if defined(__AVX512F__)
 constexpr int kWide = 16;
 constexpr int kTileW = 4;
@@ -181,7 +183,7 @@ void many(const float* x, const float* w, float* out, int64_t n, int64_t K, int6
 
 }  // namespace
 
-// x: (n, in) float32, w: (out, in) float32 -> (n, out); n > 8 runs in chunks of 8 rows
+// x: (n, in) float32, w: (out, in) float32 -> (n, out); n > 8 runs in register tiles
 torch::Tensor fewrow(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "fewrow: x (n, in) and w (out, in)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "fewrow: float32 only");
@@ -193,9 +195,8 @@ torch::Tensor fewrow(torch::Tensor x, torch::Tensor w) {
   const float* xp = x.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  // over blocks of kGrain weight rows; more than 8 rows of x go in chunks of 8 against each block
-  // while it is in cache, so the weights still come from memory once
-  if (n > kManyRows) {
+  if (n == 0) return out;
+  if (n > kManyRows) {  // over tasks of kManyGrain weight rows
     at::parallel_for(0, (O + kManyGrain - 1) / kManyGrain, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) many(xp, wp, op, n, K, O, b * kManyGrain, std::min(O, (b + 1) * kManyGrain));
     });
@@ -203,11 +204,7 @@ torch::Tensor fewrow(torch::Tensor x, torch::Tensor w) {
   }
   at::parallel_for(0, (O + kGrain - 1) / kGrain, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t o0 = b * kGrain, o1 = std::min(O, o0 + kGrain);
-      for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-        const int64_t m = std::min<int64_t>(kChunk, n - j0);
-        kSpan[m - 1](xp + j0 * K, wp, op + j0 * O, K, O, o0, o1);
-      }
+      kSpan[n - 1](xp, wp, op, K, O, b * kGrain, std::min(O, (b + 1) * kGrain));  // all n <= 8 rows at once
     }
   });
   return out;
