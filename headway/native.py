@@ -52,10 +52,10 @@ def _flags() -> tuple[list[str], list[str]]:
     (2 threads, 16 rows of SmolLM2-135M's linears: 61 ms without, 34 ms with). The loader reuses the
     libgomp torch already holds (same soname), so there is one OpenMP pool."""
     flags = ["-O3"]
-    if platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2",
-                                                                                                       "AVX512"):
+    capability = torch.backends.cpu.get_cpu_capability()
+    if platform.machine().lower() in ("x86_64", "amd64") and capability in ("AVX2", "AVX512"):
         flags += ["-mavx2", "-mfma"]
-        if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        if capability == "AVX512":
             flags.append("-mavx512f")  # the many-row tiles: 16-float vectors, 32 registers
     link = []
     if platform.system() == "Linux" and "parallel backend: OpenMP" in torch.__config__.parallel_info():
