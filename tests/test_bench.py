@@ -102,6 +102,11 @@ def test_rows_name_the_tree_that_ran_at_each_temperature(report):
         assert trees[(kind, 0.0)] == (f"{kind}[dynamic-4-5-16]", "dynamic-4-5-16")
         assert trees[(kind, 1.0)] == (f"{kind}[chain-4]", "chain-4")
     assert trees[("medusa", 0.0)] == trees[("medusa", 1.0)] == ("medusa[chain-3]", "chain-3")
+    nodes = {(m["kind"], m["temperature"]): m["tree_nodes"] for m in report["methods"]}
+    for kind in ("eagle1", "eagle3"):  # tokens per verify: a 16-node tree and a 4-chain (+ roots)
+        assert 4 < nodes[(kind, 0.0)] <= 16 and nodes[(kind, 1.0)] == 5
+    assert nodes[("medusa", 0.0)] == 4
+    assert all(nodes[(k, t)] is None for k in BASELINES for t in (0.0, 1.0))
 
 
 def test_exact_match_is_total_at_temperature_zero(report):

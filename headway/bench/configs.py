@@ -67,8 +67,9 @@ class BenchConfig(DecodeTargetArgs):
     temperature: list[float] = opt(help="temperatures: --temperature 0 1 (exact-match is checked at 0)",
                                    default_factory=lambda: [0.0])
     tree: list[str] = opt(help="tree shapes to try with every heads checkpoint (chain-N, mc_sim_7b_63, "
-                               "dynamic-K-D-T, ...; 'stored': the checkpoint's tuned trees, one per temperature if "
-                               "tuned so); default: each checkpoint's stored tree, else its kind's default",
+                               "dynamic-K-D-T, adaptive-K-D-T, ...; 'stored': the checkpoint's tuned trees, "
+                               "one per temperature if tuned so); default: each checkpoint's stored tree, "
+                               "else its kind's default",
                           default_factory=list)
     calibration: list[str] = opt(help="on: dynamic trees ranked with the heads' fitted draft calibration (the "
                                       "decoder's default); off: by the raw draft probabilities; 'on off' benches "

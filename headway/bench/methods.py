@@ -39,6 +39,7 @@ class Generated:
     ids: list[int]  # new tokens only
     draft_steps: int = 0  # target forwards that verified a draft (0 for plain decoding)
     accepted_per_depth: list[int] = field(default_factory=list)  # steps in which depth d+1 was accepted
+    tree_nodes: int = 0  # tokens the draft steps' verify forwards scored (roots included)
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Run:
     time_drafter: float  # inside outermost drafter forwards (heads / assistant model)
     peak_kv_bytes: int  # target cache + drafter cache, each at its own peak
     peak_cuda_bytes: int | None = None
+    tree_nodes: int = 0  # as in Generated
 
 
 class Method(Protocol):
@@ -164,7 +166,7 @@ def timed_run(method: Method, ids: list[int], max_new_tokens: int, temperature: 
     peak_cuda = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
     return Run(out.ids, seconds, probe.target_forwards, out.draft_steps, out.accepted_per_depth,
                probe.time["target"], probe.time["drafter"], probe.peak_kv["target"] + probe.peak_kv["drafter"],
-               peak_cuda)
+               peak_cuda, out.tree_nodes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +271,7 @@ def configure_assistant(assistant: nn.Module, num_tokens: int) -> None:
 def tree_spec(shape: TreeShape) -> str:
     """A shape as the string ``parse_shape`` reads back (dynamic shapes spell out their numbers)."""
     if isinstance(shape, DynamicShape):
-        return f"dynamic-{shape.top_k}-{shape.depth}-{shape.total_tokens}"
+        return shape.spec
     return f"chain-{shape.depth}" if is_top1_chain(shape) else shape.name  # a chain stored as static:[[0]]
 
 
@@ -309,4 +311,4 @@ class HeadwayMethod:
     def generate(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generated:
         out = self.speculator.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         stats: GenerationStats = out.stats
-        return Generated(out.ids, stats.target_forwards, list(stats.accepted_per_depth))
+        return Generated(out.ids, stats.target_forwards, list(stats.accepted_per_depth), stats.tree_nodes)

@@ -31,7 +31,9 @@ JSON schema ``headway.bench/1`` (one object; every time is in seconds, every siz
   step, the figure their papers report; a little above ``tau`` on short generations), ``exact_match`` (fraction of runs whose ids
   equal HF greedy's token for token; null at temperature > 0), ``mismatches`` (up to 5
   {``prompt``, ``repeat``, ``position``}), ``runs``, ``new_tokens`` and ``target_forwards``
-  (totals over the timed runs), ``draft_steps`` (forwards that verified a draft),
+  (totals over the timed runs), ``draft_steps`` (forwards that verified a draft), ``tree_nodes``
+  (tokens per verify forward, roots included, averaged over the draft steps: an adaptive tree's
+  chosen sizes; null without drafts and for the HF baselines),
   ``accepted_per_depth`` (fraction of draft steps in which depth d+1 was accepted; [] without
   drafts), ``time_target_share`` / ``time_drafter_share`` (of the wall time, inside outermost
   target / drafter forwards), ``overhead_share`` (the rest: tree building, verification,
@@ -55,8 +57,8 @@ from .methods import Method, Run
 SCHEMA = "headway.bench/1"
 METHOD_KEYS = ("name", "kind", "tree", "heads", "temperature", "lossless", "tokens_per_s", "tokens_per_s_by_repeat",
                "speedup", "tau", "acceptance_length",
-               "exact_match", "mismatches", "runs", "new_tokens", "target_forwards",
-               "draft_steps", "accepted_per_depth", "time_target_share", "time_drafter_share", "overhead_share",
+               "exact_match", "mismatches", "runs", "new_tokens", "target_forwards", "draft_steps", "tree_nodes",
+               "accepted_per_depth", "time_target_share", "time_drafter_share", "overhead_share",
                "peak_mem_bytes", "peak_mem_kind", "param_bytes", "peak_kv_bytes", "output_repetition_rate")
 
 Record = tuple[int, int, Run]  # (repeat, prompt index, run)
@@ -114,6 +116,7 @@ def summarize(method: Method, temperature: float, records: Sequence[Record], bas
         "acceptance_length": (new_tokens - len(runs)) / (forwards - len(runs)) if forwards > len(runs) else None,
         "exact_match": match, "mismatches": mismatches,
         "runs": len(runs), "new_tokens": new_tokens, "target_forwards": forwards, "draft_steps": steps,
+        "tree_nodes": (sum(r.tree_nodes for r in runs) / steps) if steps and any(r.tree_nodes for r in runs) else None,
         "accepted_per_depth": [a / steps for a in accepted] if steps else [],
         "time_target_share": t_target / seconds, "time_drafter_share": t_drafter / seconds,
         "overhead_share": max(0.0, 1 - (t_target + t_drafter) / seconds),

@@ -27,18 +27,17 @@ import torch
 
 from ..progress import Progress
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
-from ..decode.node_logits import PREFETCH_ROWS
+from ..decode.cost import forward_cost, interpolate  # noqa: F401  (interpolate: re-exported)
 from ..decode.sampling import SamplingParams
 from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, is_top1_chain,
                              mc_sim_7b_63)
 from ..decode.speculator import Speculator
-from ..decode.tree import additive_mask
 
 
 def shape_spec(shape: TreeShape) -> str:
     """The string ``parse_shape`` reads back."""
     if isinstance(shape, DynamicShape):
-        return f"dynamic-{shape.top_k}-{shape.depth}-{shape.total_tokens}"
+        return shape.spec
     if is_top1_chain(shape):
         return f"chain-{shape.depth}"
     return "static:" + json.dumps([list(p) for p in shape.paths], separators=(",", ":"))
@@ -82,38 +81,6 @@ def measure_acceptance(spec: Speculator, prompts: list[Any], depth: int, ranks: 
 
 
 @torch.inference_mode()
-def forward_cost(spec: Speculator, sizes: list[int], prefix_len: int = 128, repeats: int = 5) -> dict[int, float]:
-    """Median seconds of one target forward over ``n`` tree tokens on a ``prefix_len`` cache."""
-    from transformers import DynamicCache
-
-    dev = spec.device
-    prefix_len = min(prefix_len, spec.max_positions - max(sizes) - 1)
-    gen = torch.Generator(device=dev).manual_seed(0)  # private: timing never moves a user's seeded global RNG
-    ids = torch.randint(3, spec.target.config.vocab_size, (1, prefix_len), device=dev, generator=gen)
-    out: dict[int, float] = {}
-    lazy = spec.uses_lazy_logits()
-    for n in sorted(set(sizes)):
-        # cost depends on the token count, not on the tree's shape: time a causal block of n tokens;
-        # with on-demand lm_head rows a tree projects about one prefetch's worth (a chain all of its few)
-        mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, spec.dtype)
-        keep = {"logits_to_keep": torch.arange(min(n, PREFETCH_ROWS), device=dev)} if lazy else {}
-        times = []
-        for _ in range(repeats):
-            cache = DynamicCache(config=spec.target.config)
-            spec.target(input_ids=ids, cache=cache, use_cache=True)
-            tok = torch.randint(3, spec.target.config.vocab_size, (1, n), device=dev, generator=gen)
-            t = time.perf_counter()
-            with spec.kernels():  # the linear kernel the decoder's verify forward runs with
-                spec.target(input_ids=tok, cache=cache, use_cache=True, attention_mask=mask,
-                            position_ids=(torch.arange(n, device=dev) + prefix_len)[None], **keep)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            times.append(time.perf_counter() - t)
-        out[n] = statistics.median(times)
-    return out
-
-
-@torch.inference_mode()
 def draft_cost(spec: Speculator, shape: TreeShape, prompt: Any, repeats: int = 5) -> float:
     """Median seconds to draft one tree of ``shape`` after a prefill."""
     state = spec.start(spec.encode(prompt), SamplingParams(), torch.Generator())
@@ -136,16 +103,6 @@ def expected_accepted(shape: StaticShape, acc: list[list[float]]) -> float:
             p *= acc[d][r] if d < len(acc) and r < len(acc[d]) else 0.0
         total += p
     return total
-
-
-def interpolate(curve: dict[int, float], n: int) -> float:
-    xs = sorted(curve)
-    if n <= xs[0]:
-        return curve[xs[0]]
-    for a, b in zip(xs, xs[1:]):
-        if n <= b:
-            return curve[a] + (curve[b] - curve[a]) * (n - a) / (b - a)
-    return curve[xs[-1]] * n / xs[-1]
 
 
 @torch.inference_mode()

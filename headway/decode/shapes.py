@@ -14,7 +14,9 @@ Token ids in logprobs are *draft* ids; ``proposer.to_target_ids`` maps them (EAG
 Calibration: a proposer may carry ``temperatures`` (per draft depth, depth 1 first; from the
 heads' ``metadata["calibration"]``). Dynamic trees rank candidates by the cumulative
 ``log_softmax(logp / T_depth)``, so a drafter that is right more often than it is confident still
-gets deep trees. Static trees are unaffected (ranks do not change with a temperature), and sampled
+gets deep trees. Adaptive dynamic trees (``adaptive-K-D-N``) also read the calibrated scores as
+acceptance probabilities and keep, per step, only the nodes worth their verify cost
+(``decode/cost.py``). Static trees are unaffected (ranks do not change with a temperature), and sampled
 chains draw from the raw distribution, the ``q`` their accept rule needs. Which nodes are drafted
 never changes what verification emits.
 """
@@ -22,7 +24,7 @@ never changes what verification emits.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -263,22 +265,36 @@ def build_static(shape: StaticShape, proposer: Proposer, root_token: torch.Tenso
 @dataclass
 class DynamicShape:
     """EAGLE-2: per depth expand the ``top_k`` nodes with the best cumulative draft log-probability,
-    then keep the best ``total_tokens`` (root included) of all candidates as the tree."""
+    then keep the best ``total_tokens`` (root included) of all candidates as the tree.
+
+    ``adaptive``: keep only as many of them as pay for their verify cost at this step (at most
+    ``total_tokens``; ``decode/cost.py``): the decoder passes ``build_dynamic`` a ``size_for``."""
 
     top_k: int = 8
     depth: int = 6
     total_tokens: int = 48
     name: str = "dynamic"
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
-        what = f"dynamic-{self.top_k}-{self.depth}-{self.total_tokens}"
+        what = self.spec
         if self.top_k < 1 or self.depth < 1 or self.total_tokens < 2:
             raise TreeSpecError(f"{what}: need top_k >= 1, depth >= 1 and total_tokens >= 2 (the root and a draft)")
         check_tree_size(self.total_tokens, self.depth, self.top_k, what=what)
 
     @property
     def size(self) -> int:
+        """The most tokens a verify forward gets (an adaptive tree's steps may use fewer)."""
         return self.total_tokens
+
+    @property
+    def spec(self) -> str:
+        """The string ``parse_shape`` reads back: ``dynamic-8-6-48`` / ``adaptive-8-6-48``."""
+        return f"{'adaptive' if self.adaptive else 'dynamic'}-{self.top_k}-{self.depth}-{self.total_tokens}"
+
+    def with_(self, top_k: int | None = None, depth: int | None = None) -> "DynamicShape":
+        """This shape with another top_k or depth (the rest, ``adaptive`` included, kept)."""
+        return DynamicShape(top_k or self.top_k, depth or self.depth, self.total_tokens, self.name, self.adaptive)
 
 
 def depth_temperature(proposer: Proposer, depth: int) -> float:
@@ -293,8 +309,14 @@ def calibrated(logp: torch.Tensor, temperature: float) -> torch.Tensor:
     return logp if temperature == 1.0 else torch.log_softmax(logp / temperature, dim=-1)
 
 
-def build_dynamic(shape: DynamicShape, proposer: Proposer, root_token: torch.Tensor) -> DraftTree:
-    """EAGLE-2's tree, ranked by calibrated cumulative log-probabilities (``depth_temperature``)."""
+# (m,) acceptance probabilities of the best candidates, best first (root excluded) -> tokens to keep
+SizeFor = Callable[[torch.Tensor], int]
+
+
+def build_dynamic(shape: DynamicShape, proposer: Proposer, root_token: torch.Tensor,
+                  size_for: SizeFor | None = None) -> DraftTree:
+    """EAGLE-2's tree, ranked by calibrated cumulative log-probabilities (``depth_temperature``);
+    ``size_for`` (adaptive trees) picks how many of the best ``total_tokens`` to keep."""
     dev = root_token.device
     k = shape.top_k
     max_depth = min(shape.depth, proposer.max_depth or shape.depth)
@@ -317,19 +339,23 @@ def build_dynamic(shape: DynamicShape, proposer: Proposer, root_token: torch.Ten
         frontier, frontier_score, frontier_row = n + best, scores[best], best // k
         n += scores.numel()
     draft, parent, score = torch.cat(pool_draft), torch.cat(pool_parent), torch.cat(pool_score)
-    return select_tree(draft, parent, score, shape.total_tokens, proposer, root_token)
+    return select_tree(draft, parent, score, shape.total_tokens, proposer, root_token, size_for)
 
 
 def select_tree(draft: torch.Tensor, parent: torch.Tensor, score: torch.Tensor, total: int, proposer: Proposer,
-                root_token: torch.Tensor) -> DraftTree:
-    """Keep the root and the best ``total - 1`` candidates. A child's cumulative score never exceeds
-    its parent's, so the best set is closed under parents; ties are broken towards earlier (shallower)
-    candidates, and any parent still missing is added to keep the tree valid."""
+                root_token: torch.Tensor, size_for: SizeFor | None = None) -> DraftTree:
+    """Keep the root and the best ``total - 1`` candidates (with ``size_for``: the root and the best
+    ``size_for(probabilities) - 1`` of those). A child's cumulative score never exceeds its parent's,
+    so the best set is closed under parents; ties are broken towards earlier (shallower) candidates,
+    and any parent still missing is added to keep the tree valid."""
     n = draft.numel()
     order = torch.arange(n, device=draft.device, dtype=score.dtype)
     key = score.clone() - order * 1e-9  # stable tie-break: earlier candidates first
     key[0] = float("inf")
-    keep = key.topk(min(total, n)).indices.sort().values
+    keep = key.topk(min(total, n)).indices  # best first, the root at 0
+    if size_for is not None:
+        keep = keep[: max(1, min(int(size_for(score[keep[1:]].exp())), keep.numel()))]
+    keep = keep.sort().values
     kept = torch.zeros(n, dtype=torch.bool, device=draft.device)
     kept[keep] = True
     missing = kept & ~kept[parent.clamp(min=0)]
@@ -377,15 +403,18 @@ def build_sampled_chain(depth: int, proposer: Proposer, root_token: torch.Tensor
     return DraftTree(tokens, chain(depth).buffers.to(dev), draft), q_all
 
 
-def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor) -> DraftTree:
+def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor,
+               size_for: SizeFor | None = None) -> DraftTree:
+    """The shape's draft tree; ``size_for`` sizes an adaptive dynamic tree (ignored otherwise)."""
     if isinstance(shape, StaticShape):
         return build_static(shape, proposer, root_token)
-    return build_dynamic(shape, proposer, root_token)
+    return build_dynamic(shape, proposer, root_token, size_for if shape.adaptive else None)
 
 
 def parse_shape(spec: str) -> TreeShape:
     """``chain-4`` | ``chain`` (= chain-4) | ``mc_sim_7b_63`` | ``static:[[0],[0,0],[1]]`` | ``dynamic``
-    | ``dynamic-8-6-48`` (top_k, depth, total_tokens; leading ones may be given alone: ``dynamic-8``).
+    | ``dynamic-8-6-48`` (top_k, depth, total_tokens; leading ones may be given alone: ``dynamic-8``)
+    | ``adaptive-8-6-48`` (the same drafting; each step verifies the best 1..48 tokens that pay off).
     Numbers are checked against the size limits (``check_tree_size``) before anything is built."""
     import json
     import re
@@ -406,14 +435,15 @@ def parse_shape(spec: str) -> TreeShape:
                 raise ValueError("expected a non-empty JSON list of rank paths, e.g. static:[[0],[0,0],[1]]")
             # named by its compact spec, so reports tell two static trees apart and it reads back
             return StaticShape([tuple(p) for p in paths], name="static:" + json.dumps(paths, separators=(",", ":")))
-        if spec.startswith("dynamic"):
-            if not re.fullmatch(r"dynamic(-\d+){0,3}", spec):
-                raise ValueError("expected dynamic-TOPK-DEPTH-TOTAL with whole numbers, e.g. dynamic-8-6-48")
-            parts = [int(x) for x in spec.split("-")[1:]]
-            return DynamicShape(*parts) if parts else DynamicShape()
+        for family in ("dynamic", "adaptive"):
+            if spec.startswith(family):
+                if not re.fullmatch(family + r"(-\d+){0,3}", spec):
+                    raise ValueError(f"expected {family}-TOPK-DEPTH-TOTAL with whole numbers, e.g. {family}-8-6-48")
+                parts = [int(x) for x in spec.split("-")[1:]]
+                return DynamicShape(*parts, adaptive=family == "adaptive")
     except TreeSpecError:
         raise  # already names the tree and the rule
     except (ValueError, TypeError) as e:
         raise TreeSpecError(f"cannot parse tree '{shown}': {e}") from None
-    raise TreeSpecError(f"unknown tree '{shown}'; use chain-N, mc_sim_7b_63, static:[[0],[0,0],...] "
-                     "or dynamic[-TOPK-DEPTH-TOTAL]")
+    raise TreeSpecError(f"unknown tree '{shown}'; use chain-N, mc_sim_7b_63, static:[[0],[0,0],...], "
+                        "dynamic[-TOPK-DEPTH-TOTAL] or adaptive[-TOPK-DEPTH-TOTAL]")

@@ -21,13 +21,15 @@ from transformers import Cache
 from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from .args import DecodeError, check_decode_args
+from .attention import tree_attention
+from .cost import CURVE_SIZES, best_size, cost_by_size, forward_cost
 from .kv import keep_accepted, new_cache, static_length, tree_mask
 from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs, Projection, head_matches_logits
 from .proposers import EagleProposer, hidden_index, make_proposer
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
                        verify_typical)
-from .shapes import (DraftTree, DynamicShape, Proposer, StaticShape, TreeShape, build_sampled_chain, build_tree, chain,
-                     is_chain, parse_shape)
+from .shapes import (DraftTree, DynamicShape, Proposer, SizeFor, StaticShape, TreeShape, build_sampled_chain,
+                     build_tree, chain, is_chain, parse_shape)
 from .stats import GenerationOutput, GenerationStats, _record_depths, _sync  # noqa: F401  (re-exported)
 from .verify import Verdict, verify_greedy, verify_greedy_walk
 
@@ -44,6 +46,7 @@ class DecodeState:
     proposer: Proposer  # per-generation draft state (MedusaProposer / EagleProposer)
     emitted: list[int]  # tokens generated so far; the last one is the next tree's root
     length: int
+    step_cost: float | None = None  # seconds of a step outside its verify forward (a running mean): adaptive trees
 
 
 @dataclass
@@ -118,6 +121,9 @@ class Speculator:
         self.sampled_drafts = sampled_drafts
         self.calibrate = calibrate
         self.batched_drafting = True  # generate_batch: one drafter call per level for all rows (False: row by row, A/B)
+        # an sdpa target attends tree tokens through ``decode/attention.py`` (False: transformers' sdpa, A/B);
+        # a compiled forward keeps its own
+        self.grouped_attention = not compile
         proposer = self.new_proposer()  # a template: its limits decide the tree
         self.tree = self._default_tree(tree, proposer)
         if sampling_tree is None and tree is None and isinstance(proposer, EagleProposer):
@@ -136,6 +142,10 @@ class Speculator:
         self.lazy_logits: bool | None = None if verify_logits == "auto" and not compile else False
         self._keeps_logits = "logits_to_keep" in inspect.signature(target.forward).parameters
         self.projection = Projection(target.get_output_embeddings())  # lm_head calls of on-demand rows
+        self._verify_costs: dict[int, torch.Tensor] = {}  # threads -> seconds of a verify of 1..N tokens
+        if compile and self._adaptive():
+            raise DecodeError("an adaptive tree changes the verify's token count every step, which a compiled "
+                              "forward recompiles for; with --compile use a dynamic-K-D-N tree")
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -192,13 +202,13 @@ class Speculator:
         if isinstance(tree, StaticShape):
             tree = tree.within_vocab(vocab)
         elif tree.top_k > vocab:
-            tree = DynamicShape(vocab, tree.depth, tree.total_tokens)
+            tree = tree.with_(top_k=vocab)
         cap = proposer.max_depth
         if cap is not None:
             if isinstance(tree, StaticShape) and tree.depth > cap:
                 tree = tree.truncated(cap)
             if isinstance(tree, DynamicShape) and tree.depth > cap:
-                tree = DynamicShape(tree.top_k, cap, tree.total_tokens)
+                tree = tree.with_(depth=cap)
         return tree
 
     @property
@@ -256,8 +266,33 @@ class Speculator:
         key = (room, id(tree))
         if key not in self._shape_cache:
             self._shape_cache[key] = tree.truncated(room) if isinstance(tree, StaticShape) else \
-                DynamicShape(tree.top_k, max(room, 1), tree.total_tokens)
+                tree.with_(depth=max(room, 1))
         return self._shape_cache[key]
+
+    def _adaptive(self) -> bool:
+        return any(isinstance(t, DynamicShape) and t.adaptive for t in (self.tree, self.sampling_tree))
+
+    def verify_costs(self) -> torch.Tensor:
+        """(N,) seconds of a verify forward over 1..N tokens, N the largest adaptive tree's budget:
+        timed once per thread count on first use (a few forwards per size, ``decode/cost.py``) with
+        the decoder's own kernels, then interpolated. Adaptive trees weigh their nodes against it."""
+        threads = torch.get_num_threads()
+        most = max(t.size for t in (self.tree, self.sampling_tree) if isinstance(t, DynamicShape))
+        if threads not in self._verify_costs or self._verify_costs[threads].numel() < most:
+            sizes = [n for n in CURVE_SIZES if n < most] + [most]
+            self._verify_costs[threads] = cost_by_size(forward_cost(self, sizes, repeats=3), most)
+        return self._verify_costs[threads]
+
+    def _size_for(self, state: DecodeState, t_draft: float) -> SizeFor:
+        """An adaptive tree's budget at this step: the size with the most expected tokens per second,
+        a step costing its verify (``verify_costs``) plus the rest of a step (drafting, bookkeeping:
+        the running mean of the steps before; at the first step, this one's drafting so far)."""
+        costs = self.verify_costs()
+
+        def size_for(gains: torch.Tensor) -> int:
+            rest = state.step_cost if state.step_cost is not None else time.perf_counter() - t_draft
+            return best_size(gains, costs + rest)
+        return size_for
 
     # -- the loop -----------------------------------------------------------------------------
     def new_proposer(self) -> Proposer:
@@ -279,7 +314,8 @@ class Speculator:
     def _forward(self, ids: torch.Tensor, cache: Cache, verify: bool = False, layers: list[int] | None = None,
                  **kw: Any) -> Any:
         fn = self._verify_forward if verify else self.target  # compiled with ``compile``: the tree forward only
-        return fn(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=layers or self._layers, **kw)
+        with tree_attention(self.target, self.grouped_attention):  # tree masks: grouped-query attention
+            return fn(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=layers or self._layers, **kw)
 
     def uses_lazy_logits(self) -> bool:
         """Whether trees are verified with on-demand lm_head rows (decided once, on first use)."""
@@ -317,6 +353,7 @@ class Speculator:
                         gen: torch.Generator | None = None) -> Scored:
         """Draft a tree rooted at the last emitted token and run the one target forward over it.
         With sampling ``params`` (and ``sampled_drafts``), a chain's drafts are sampled with ``gen``."""
+        t_draft = time.perf_counter()
         P = state.length
         root = torch.tensor(state.emitted[-1], device=self.device)
         shape = self._shape_for(self.max_positions - 1 - P, params)
@@ -330,7 +367,8 @@ class Speculator:
             V = int(self.target.get_output_embeddings().weight.shape[0])
             tree, draft_probs = build_sampled_chain(shape.depth, state.proposer, root, sample, V)
         else:
-            tree = build_tree(shape, state.proposer, root)
+            adaptive = isinstance(shape, DynamicShape) and shape.adaptive
+            tree = build_tree(shape, state.proposer, root, self._size_for(state, t_draft) if adaptive else None)
         state.proposer.end_tree()
         # up to PREFETCH_ROWS nodes cost one projection either way (and a walk off the first-child chain
         # would cost a second); a chain's rows go together; typical acceptance reads every node
@@ -391,6 +429,8 @@ class Speculator:
         eos = self._eos_ids()
         self.kernels.plan()  # probed on first use (auto): not part of the generation's time
         self.uses_lazy_logits()  # likewise its one-off check
+        if self._adaptive():
+            self.verify_costs()  # and an adaptive tree's cost curve
         t_start = time.perf_counter()
         with self.kernels():
             state = self.start(input_ids, params, gen, max_new_tokens)
@@ -424,6 +464,8 @@ class Speculator:
             stats.time_verify += scored.verify_time + projected
             stats.time_draft += t2 - t0 - scored.verify_time
             stats.time_bookkeeping += time.perf_counter() - t2 - projected
+            rest = time.perf_counter() - t0 - scored.verify_time - projected
+            state.step_cost = rest if state.step_cost is None else 0.8 * state.step_cost + 0.2 * rest
             yield emitted[before:]
         stats.time_total = time.perf_counter() - t_start
 
