@@ -52,8 +52,9 @@ def tree_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = int(getattr(module, "num_key_value_groups", 1) or 1)
-    plain = (groups > 1 and 1 < query.shape[2] <= MAX_QUERIES and attention_mask is not None and attention_mask.dim() == 4
-             and attention_mask.is_floating_point() and not dropout and key.shape[-1] == value.shape[-1]
+    plain = (groups > 1 and 1 < query.shape[2] <= MAX_QUERIES
+             and attention_mask is not None and attention_mask.dim() == 4 and attention_mask.is_floating_point()
+             and not dropout and key.shape[-1] == value.shape[-1]
              and query.shape[1] == key.shape[1] * groups and not torch.is_grad_enabled()
              and all(kwargs.get(a) is None for a in ("softcap", "sliding_window", "position_bias", "s_aux", "sinks"))
              and not kwargs.get("output_attentions"))
@@ -80,7 +81,8 @@ def register() -> None:
 def _configs(model: nn.Module) -> list[Any]:
     """The model's config where it uses sdpa and has no sub-configs (plain decoder-only LMs)."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "sub_configs", None) or getattr(config, "_attn_implementation", None) != "sdpa":
+    if config is None or getattr(config, "sub_configs", None) or \
+            getattr(config, "_attn_implementation", None) != "sdpa":
         return []
     return [config]
 
