@@ -1,14 +1,15 @@
-"""Does the native kernel's many-row path pay? Past 8 rows (draft trees of 9-64 nodes) a product is bound by
+"""Does the native kernel's tile path pay? Past 8 rows (draft trees of 9-64 nodes) a product is bound by
 its FMAs, not by reading the weights; the kernel then runs register tiles (4 weight rows x 6 input rows,
-24 accumulators in AVX-512 registers where built with -mavx512f) instead of 8-row chunks. Timed side by
-side in one run, interleaved, median of 7:
+24 accumulators in AVX-512 registers where built with -mavx512f) instead of 8-row chunks, and with
+AVX-512 at 1-8 rows too (one pass, fewer weight rows a tile past 6). Timed side by side in one run,
+interleaved, median of 7:
 
-- SmolLM2-135M's 211 linears over 1-64 rows: the kernel as of REV (default: the commit before the
-  tiles) and as it is now, both built with the flags headway builds it with;
-- whole target forwards of 16 / 24 / 48 query tokens over a 200-token cache (a tree verify):
-  ``F.linear``, weight-major and the native kernel now.
+- SmolLM2-135M's 211 linears over 1-64 rows: the kernel as of REV and as it is now, both built with
+  the flags headway builds it with;
+- whole target forwards of 1-48 query tokens over a 200-token cache (a tree verify): ``F.linear``,
+  weight-major, the native kernel now and the native kernel as of REV.
 
-    python benchmarks/native_tiles.py [THREADS [REV]]   # default: 2, 0707fee; the cached smollm2 target
+    python benchmarks/native_tiles.py [THREADS [REV]]   # default: 2, 0707fee (before the tiles)
 """
 import subprocess
 import sys
@@ -24,11 +25,14 @@ from headway import native
 from headway.kernels import LinearKernels, plain_linears
 from headway.target import load_target, resolve_target_path
 
+LINEAR_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32, 48, 64)
+FORWARD_TOKENS = (1, 4, 8, 16, 24, 48)
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 rev = sys.argv[2] if len(sys.argv) > 2 else "0707fee"
 torch.set_num_threads(threads)
 flags, link = native._flags()
-now = native._build()[0]
+built = native._build
+now = built()[0]
 if now is None:
     sys.exit("the native kernel does not build here")
 src = Path(tempfile.mkdtemp()) / "fewrow_before.cpp"
@@ -45,7 +49,7 @@ def median(ts: list[float]) -> float:
     return 1e3 * sorted(ts)[len(ts) // 2]
 
 
-for n in (1, 4, 8, 9, 12, 16, 24, 32, 48, 64):
+for n in LINEAR_ROWS:
     xs = {w.shape[1]: torch.randn(n, w.shape[1]) for w in weights}
     ts: dict[str, list[float]] = {"before": [], "now": []}
     for _ in range(7):
@@ -58,22 +62,24 @@ for n in (1, 4, 8, 9, 12, 16, 24, 32, 48, 64):
     print(f"linears, {n:2d} rows: before {b:6.1f} ms, now {a:6.1f} ms ({a / b:.2f}x)", flush=True)
 
 kernels = {name: LinearKernels(name, model) for name in ("stock", "weight-major", "native")}
+kernels["native before"] = kernels["native"]  # the same plan, with REV's kernel swapped in (below)
 ctx = 200
 with torch.inference_mode():
     cache = DynamicCache(config=model.config)
-    model.model(input_ids=torch.randint(100, 40000, (1, ctx)), past_key_values=cache, use_cache=True)
-    for n in (1, 16, 24, 48):
+    model.model(input_ids=torch.randint(100, 40000, (1, ctx)), cache=cache, use_cache=True)
+    for n in FORWARD_TOKENS:
         ids = torch.randint(100, 40000, (1, n))
         pos = torch.arange(ctx, ctx + n)[None]
         mask = torch.zeros(1, 1, n, ctx + n)
         fts: dict[str, list[float]] = {name: [] for name in kernels}
         for _ in range(7):
             for name, k in kernels.items():
+                native._build = (lambda: (before, "")) if name == "native before" else built
                 with k():
                     t = time.perf_counter()
-                    model.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=cache,
-                                use_cache=True)
+                    model.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
                     fts[name].append(time.perf_counter() - t)
                 cache.crop(-n)
+        native._build = built
         print(f"forward of {n:2d} tokens: " + ", ".join(f"{name} {median(v):.1f} ms" for name, v in fts.items()),
               flush=True)

@@ -11,7 +11,9 @@ built for AVX2), SmolLM2-135M's 211 linears took, for 1 / 4 / 8 / 16 / 64 rows, 
 forward. Past 8 rows the product is bound by its multiply-adds, and the kernel runs register tiles
 (4 weight rows x 6 rows, in AVX-512 vectors where built with -mavx512f): on a 2-core Xeon with
 AVX-512, 2 threads, 16 / 24 / 48 rows took 0.71 / 0.64 / 0.57x the time of 8-row chunks
-(``benchmarks/native_tiles.py``).
+(``benchmarks/native_tiles.py``). Built with AVX-512, the tiles run 1-8 rows too (one pass of up to
+8 rows, fewer weight rows per tile past 6): 0.87-0.97x the streamed blocks' time there, with 1
+and 2 threads; AVX2 builds keep the streamed blocks up to 8 rows.
 
 It is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~30 s of CPU once,
 cached by torch under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Where it cannot

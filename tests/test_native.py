@@ -30,9 +30,10 @@ def built():
     assert ok, why
 
 
-# 1-8 rows: chunks that stream the weights; more: register tiles of 6 rows (9 = 6 + 3, 12 = 6 + 6, 48 = 8
-# tiles) over blocks of 4 weight rows in tasks of 32 (out 70: two tasks and a partial one, 70 % 4 = 2 left)
-@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 24, 33, 48])
+# 1-8 rows: one tile pass with AVX-512 (7-8 rows: 3 weight rows a tile, 70 % 3 = 1 left), else chunks that
+# stream the weights; more: register tiles of 6 rows (9 = 6 + 3, 12 = 6 + 6, 48 = 8 tiles) over blocks of 4
+# weight rows in tasks of 32 (out 70: two tasks and a partial one, 70 % 4 = 2 left)
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 24, 33, 48])
 @pytest.mark.parametrize("dims", [(576, 40), (24, 7), (37, 33), (96, 70)])  # in/out: multiples of 16 or not
 def test_native_equals_f_linear(built, rows, dims):
     torch.manual_seed(rows)

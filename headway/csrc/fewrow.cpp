@@ -1,5 +1,5 @@
-// headway's native few-row linear: out = x @ w.T for x of a few rows (1-8 streamed, 9+ in register tiles),
-// float32.
+// headway's native few-row linear: out = x @ w.T for x of a few rows (register tiles; 1-8 rows streamed
+// instead in builds without AVX-512), float32.
 //
 // Decoding multiplies a handful of rows by every weight matrix, so up to ~8 rows the product is bound
 // by reading the weights. There this kernel reads each weight once whatever the row count: a block of
@@ -148,11 +148,13 @@ inline void tile(const float* x, const float* w, float* out, int64_t K, int64_t 
     }
 }
 
-// N rows of x against the weight rows [o0, o1), kTileW at a time
+// N rows of x against the weight rows [o0, o1), kTileW at a time (fewer past kTileX rows: as many
+// accumulators as a kTileW x kTileX tile)
 template <int N, bool Fetch>
 void tile_span(const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+  constexpr int R = N <= kTileX ? kTileW : std::max(1, kTileW * kTileX / N);
   int64_t o = o0;
-  for (; o + kTileW <= o1; o += kTileW) tile<N, kTileW, Fetch>(x, w, out, K, O, o);
+  for (; o + R <= o1; o += R) tile<N, R, Fetch>(x, w, out, K, O, o);
   for (; o < o1; ++o) tile<N, 1, Fetch>(x, w, out, K, O, o);
 }
 
@@ -169,6 +171,24 @@ void tile_rows(int m, const float* x, const float* w, float* out, int64_t K, int
 }
 static_assert(kTileX == 6, "tile_rows() covers 1 to kTileX rows");
 
+// 1-8 rows of x, all in one tile's pass, against the weight rows [o0, o1)
+void few_tiles(int n, const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+  switch (n) {
+    case 7: tile_span<7, true>(x, w, out, K, O, o0, o1); break;
+    case 8: tile_span<8, true>(x, w, out, K, O, o0, o1); break;
+    default: tile_rows<true>(n, x, w, out, K, O, o0, o1); break;
+  }
+}
+static_assert(kTileX == 6 && kManyRows == 8, "few_tiles() covers 1 to kManyRows rows");
+
+// With AVX-512 the tiles beat the streamed spans at 1-8 rows too: SmolLM2's linears took 0.87-0.97x
+// the time on a 2-core Xeon (1 and 2 threads; benchmarks/native_tiles.py). AVX2 builds keep the spans.
+#if defined(__AVX512F__)
+constexpr bool kFewTiles = true;
+#else
+constexpr bool kFewTiles = false;
+#endif
+
 // all n rows of x against the weight rows [o0, o1) (kManyGrain of them fit in L2), kTileX rows at a time:
 // a chunk of x stays in L1 while the weight rows stream past it
 void many(const float* x, const float* w, float* out, int64_t n, int64_t K, int64_t O, int64_t o0, int64_t o1) {
@@ -183,7 +203,7 @@ void many(const float* x, const float* w, float* out, int64_t n, int64_t K, int6
 
 }  // namespace
 
-// x: (n, in) float32, w: (out, in) float32 -> (n, out); n > 8 runs in register tiles
+// x: (n, in) float32, w: (out, in) float32 -> (n, out); register tiles past 8 rows, and at 1-8 with AVX-512
 torch::Tensor fewrow(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "fewrow: x (n, in) and w (out, in)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "fewrow: float32 only");
@@ -196,9 +216,15 @@ torch::Tensor fewrow(torch::Tensor x, torch::Tensor w) {
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
   if (n == 0) return out;
-  if (n > kManyRows) {  // over tasks of kManyGrain weight rows
+  if (n > kManyRows || kFewTiles) {  // over tasks of kManyGrain weight rows
     at::parallel_for(0, (O + kManyGrain - 1) / kManyGrain, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) many(xp, wp, op, n, K, O, b * kManyGrain, std::min(O, (b + 1) * kManyGrain));
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t o0 = b * kManyGrain, o1 = std::min(O, (b + 1) * kManyGrain);
+        if (n > kManyRows)
+          many(xp, wp, op, n, K, O, o0, o1);
+        else
+          few_tiles(static_cast<int>(n), xp, wp, op, K, O, o0, o1);
+      }
     });
     return out;
   }
