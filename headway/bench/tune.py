@@ -27,7 +27,7 @@ import torch
 
 from ..progress import Progress
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
-from ..decode.cost import forward_cost, interpolate  # noqa: F401  (interpolate: re-exported)
+from ..decode.cost import forward_cost, interpolate
 from ..decode.sampling import SamplingParams
 from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, is_top1_chain,
                              mc_sim_7b_63)

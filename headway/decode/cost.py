@@ -19,6 +19,7 @@ import torch
 
 from .attention import tree_attention
 from .node_logits import PREFETCH_ROWS
+from .stats import _sync
 from .tree import additive_mask
 
 # token counts timed for a cost curve; the rest are interpolated (the linear kernels switch at
@@ -94,10 +95,4 @@ def forward_cost(spec: Any, sizes: Sequence[int], prefix_len: int = 128, repeats
                 _sync(dev)
                 times[n].append(time.perf_counter() - t)
                 cache.crop(-n)  # transformers v5: a negative count removes that many entries
-        out = {n: statistics.median(ts) for n, ts in times.items()}
-    return out
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+    return {n: statistics.median(ts) for n, ts in times.items()}
