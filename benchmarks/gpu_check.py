@@ -122,11 +122,12 @@ def sync(device: torch.device) -> None:
 def verify_cost(model, prefix: int, ns: list[int], reps: int) -> dict[int, float]:
     """Median seconds of one n-token tree-shaped forward after a ``prefix``-token cache, per n
     (causal tree: the cost does not depend on the tree's shape, only on n)."""
+    from headway.compat import cache_kwarg
     from headway.decode.kv import keep_accepted, new_cache, tree_mask
 
     dev, V = model.device, model.config.vocab_size
     cache = new_cache(model.config)
-    model(input_ids=torch.randint(3, V, (1, prefix), device=dev), cache=cache, use_cache=True)
+    model(input_ids=torch.randint(3, V, (1, prefix), device=dev), **{cache_kwarg(): cache}, use_cache=True)
     cost = {}
     for n in ns:
         mask = tree_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix, model.dtype)
@@ -136,7 +137,8 @@ def verify_cost(model, prefix: int, ns: list[int], reps: int) -> dict[int, float
             tok = torch.randint(3, V, (1, n), device=dev)
             sync(dev)
             t = time.perf_counter()
-            model(input_ids=tok, cache=cache, use_cache=True, attention_mask=mask, position_ids=pos)
+            model(input_ids=tok, **{cache_kwarg(): cache}, use_cache=True, attention_mask=mask,
+                  position_ids=pos)
             sync(dev)
             times.append(time.perf_counter() - t)
             keep_accepted(cache, prefix, n, torch.zeros(0, dtype=torch.long, device=dev))  # roll back

@@ -22,6 +22,7 @@ from torch.utils.cpp_extension import load
 from transformers import DynamicCache
 
 from headway import native
+from headway.compat import cache_kwarg
 from headway.kernels import LinearKernels, plain_linears
 from headway.target import load_target, resolve_target_path
 
@@ -66,7 +67,7 @@ kernels["native before"] = kernels["native"]  # the same plan, with REV's kernel
 ctx = 200
 with torch.inference_mode():
     cache = DynamicCache(config=model.config)
-    model.model(input_ids=torch.randint(100, 40000, (1, ctx)), cache=cache, use_cache=True)
+    model.model(input_ids=torch.randint(100, 40000, (1, ctx)), **{cache_kwarg(): cache}, use_cache=True)
     for n in FORWARD_TOKENS:
         ids = torch.randint(100, 40000, (1, n))
         pos = torch.arange(ctx, ctx + n)[None]
@@ -77,7 +78,8 @@ with torch.inference_mode():
                 native._build = (lambda: (before, "")) if name == "native before" else built
                 with k():
                     t = time.perf_counter()
-                    model.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+                    model.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
+                                **{cache_kwarg(): cache})
                     fts[name].append(time.perf_counter() - t)
                 cache.crop(-n)
         native._build = built

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from headway import native
+from headway.compat import cache_kwarg
 from headway.decode.attention import grouped_attention, tree_attention
 from headway.decode.tree import additive_mask
 from headway.kernels import LinearKernels
@@ -67,7 +68,7 @@ with torch.inference_mode():
     kernels = LinearKernels("native" if native.native_kernel()[0] else "auto", model)
     kernels.plan()
     cache = DynamicCache(config=model.config)
-    model.model(input_ids=torch.randint(100, 40000, (1, ctx)), cache=cache, use_cache=True)
+    model.model(input_ids=torch.randint(100, 40000, (1, ctx)), **{cache_kwarg(): cache}, use_cache=True)
     for q in sizes:
         ids = torch.randint(100, 40000, (1, q))
         pos = (ctx + torch.arange(q))[None]
@@ -77,7 +78,8 @@ with torch.inference_mode():
             for name in ts:
                 with kernels(), tree_attention(model, enabled=name == "grouped"):
                     t = time.perf_counter()
-                    model.model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+                    model.model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
+                                **{cache_kwarg(): cache})
                     ts[name].append(time.perf_counter() - t)
                 cache.crop(-q)
         a, b = median_ms(ts["sdpa"]), median_ms(ts["grouped"])

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from headway.compat import cache_kwarg
 from headway.decode import Speculator
 from headway.decode import attention
 from headway.decode.attention import grouped_attention, tree_attention
@@ -60,8 +61,8 @@ def test_tree_forward_logits_match_sdpa_and_the_config_is_restored(llama):
         for on in (False, True):
             cache = DynamicCache(config=model.config)
             with tree_attention(model, enabled=on):
-                model(input_ids=ids, cache=cache, use_cache=True)  # prefill: no mask -> sdpa's own path
-                out[on] = model(input_ids=tree, cache=cache, use_cache=True, attention_mask=mask,
+                model(input_ids=ids, **{cache_kwarg(): cache}, use_cache=True)  # prefill: no mask -> sdpa's own path
+                out[on] = model(input_ids=tree, **{cache_kwarg(): cache}, use_cache=True, attention_mask=mask,
                                 position_ids=pos).logits
             assert model.config._attn_implementation == "sdpa"
     finally:

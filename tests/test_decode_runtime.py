@@ -6,6 +6,7 @@ import torch
 from test_decode_exact import OracleProposer, make_heads, prompts, reference
 from transformers import DynamicCache, StaticCache
 
+from headway.compat import cache_kwarg
 from headway.decode import Speculator
 from headway.decode.args import DecodeError
 from headway.decode.kv import keep_accepted, new_cache, static_length, tree_mask
@@ -121,7 +122,7 @@ def test_keep_accepted_is_the_same_on_static_and_dynamic_caches(models):
     assert isinstance(caches[0], DynamicCache) and isinstance(caches[1], StaticCache)
     assert static_length(caches[0]) is None and static_length(caches[1]) == 32
     for c in caches:
-        model(input_ids=ids, cache=c, use_cache=True)  # 5 prefix + 4 "tree" entries
+        model(input_ids=ids, **{cache_kwarg(): c}, use_cache=True)  # 5 prefix + 4 "tree" entries
         keep_accepted(c, 5, 4, torch.tensor([0, 2]))
         assert int(c.get_seq_length()) == 7
     for a, b in zip(caches[0].layers, caches[1].layers):

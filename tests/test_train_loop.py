@@ -148,6 +148,21 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(setup, tmp_path):
         torch.testing.assert_close(hb.state_dict()[k], v, rtol=1e-5, atol=1e-6)
 
 
+def test_time_limit_ends_the_run_at_a_log_step_with_final_heads(setup, tmp_path, monkeypatch):
+    import headway.train.loop as loop
+
+    clock = iter(range(0, 10_000, 30))  # every reading of the clock is 30 s after the last
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))
+    final = train(config(setup, tmp_path, max_steps=50, log_every=2, time_limit=2.0))  # 2 minutes
+    recs = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    timed = [r for r in recs if r.get("event") == "time_limit"]
+    assert len(timed) == 1 and timed[0]["step"] % 2 == 0 and 0 < timed[0]["step"] < 50
+    assert [r for r in recs if r.get("event") == "done"][0]["step"] == timed[0]["step"]
+    assert final.name == "final" and (final / "config.json").is_file()
+    assert any("eval" in r and r["step"] == timed[0]["step"] for r in recs)  # the final eval ran there
+    assert load_heads(final) is not None
+
+
 def test_rerunning_a_finished_run_keeps_its_final_heads_and_what_was_stored_with_them(setup, tmp_path):
     kw = {"max_steps": 2, "eval_fraction": 0.25, "resume_from": "latest"}  # the stop's checkpoint suffices
     final = train(config(setup, tmp_path, **kw))

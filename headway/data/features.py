@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from .configs import FeaturesConfig  # noqa: F401  (re-exported; light, for --help)
+from ..compat import hidden_states_arg
 from ..publish import publishing
 from .errors import DataError
 # the folder's format (re-exported: this module documents the folder)
@@ -50,7 +51,7 @@ def target_features(model: nn.Module, input_ids: torch.Tensor, attention_mask: t
     index = layer_indices(layers, model.config.get_text_config().num_hidden_layers)
     with torch.inference_mode():
         out = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                               output_hidden_states=sorted(set(index.values())), use_cache=False)
+                               output_hidden_states=hidden_states_arg(index.values()), use_cache=False)
     hidden = out.hidden_states  # L + 1 entries, None where not requested
     return {k: hidden[i] for k, i in index.items()}  # each (B, T, H)
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..kernels import LinearKernels
+from ..compat import cache_kwarg, hidden_states_arg
 from .errors import DataError
 
 
@@ -188,8 +189,9 @@ def decode_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tok
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: each row counts from its first token
     cache = DynamicCache(config=model.config)
     record = FeatureRecorder(features, [len(p) for p in prompts]) if features is not None else None
-    hidden: dict[str, Any] = {"output_hidden_states": record.indices} if record is not None else {}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+    hidden: dict[str, Any] = {"output_hidden_states": hidden_states_arg(record.indices)} if record is not None else {}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                **{cache_kwarg(): cache},
                 logits_to_keep=1, **hidden)
     logits = out.logits[:, -1]  # (B, V)
     rows = torch.arange(len(prompts))  # the prompt index of each live row
@@ -216,8 +218,8 @@ def decode_batch(model: nn.Module, prompts: Sequence[Sequence[int]], max_new_tok
             if not live.all():
                 rows, tokens, mask, next_pos = keep_live(live, tokens, mask, next_pos)
         mask = torch.cat([mask, mask.new_ones(len(rows), 1)], dim=1)
-        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache,
-                    use_cache=True, **hidden)
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                    use_cache=True, **{cache_kwarg(): cache}, **hidden)
         logits, next_pos = out.logits[:, -1], next_pos + 1
         if record is not None:  # the finished rows' last tokens were read too: now they leave
             record.add_step(out.hidden_states, rows)

@@ -35,6 +35,7 @@ from transformers import DynamicCache
 from .args import DecodeError, check_decode_args
 from .batch_proposers import BatchProposer
 from .batch_trees import build_trees
+from .kv import drop_last
 from .padding import additive, after_prefix, left_pad, pad_trees, prefill_mask, used_columns
 from .shapes import DraftTree
 from .stats import GenerationOutput, GenerationStats, _record_depths, _sync
@@ -98,7 +99,7 @@ def keep_accepted_rows(batch: _Batch, tree_width: int, verdicts: Sequence[Verdic
             src = idx[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]) + S
             t[:, :, S:S + M] = t.gather(2, src)  # gather copies first: overlapping slots are safe
     if tree_width > M:
-        batch.cache.crop(-(tree_width - M))
+        drop_last(batch.cache, tree_width - M)
     batch.valid = torch.cat([batch.valid, torch.arange(M, device=dev)[None] < m[:, None]], dim=1)
 
 

@@ -17,7 +17,9 @@ from typing import Any, Sequence
 
 import torch
 
+from ..compat import cache_kwarg
 from .attention import tree_attention
+from .kv import drop_last
 from .node_logits import PREFETCH_ROWS
 from .stats import _sync
 from .tree import additive_mask
@@ -74,8 +76,8 @@ def forward_cost(spec: Any, sizes: Sequence[int], prefix_len: int = 128, repeats
     lazy = spec.uses_lazy_logits()
     cache = DynamicCache(config=spec.target.config)
     with torch.inference_mode():
-        spec.target(input_ids=torch.randint(3, vocab, (1, prefix_len), device=dev, generator=gen), cache=cache,
-                    use_cache=True, **({"logits_to_keep": 1} if spec._keeps_logits else {}))
+        spec.target(input_ids=torch.randint(3, vocab, (1, prefix_len), device=dev, generator=gen),
+                    **{cache_kwarg(): cache}, use_cache=True, **({"logits_to_keep": 1} if spec._keeps_logits else {}))
         masks = {n: additive_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, spec.dtype)
                  for n in sizes}
         times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -90,9 +92,9 @@ def forward_cost(spec: Any, sizes: Sequence[int], prefix_len: int = 128, repeats
                 t = time.perf_counter()
                 # the linear kernels and the attention the decoder's verify forward runs with
                 with spec.kernels(), tree_attention(spec.target, spec.grouped_attention):
-                    spec.target(input_ids=tok, cache=cache, use_cache=True, attention_mask=masks[n], position_ids=pos,
-                                **keep)
+                    spec.target(input_ids=tok, **{cache_kwarg(): cache}, use_cache=True, attention_mask=masks[n],
+                                position_ids=pos, **keep)
                 _sync(dev)
                 times[n].append(time.perf_counter() - t)
-                cache.crop(-n)  # transformers v5: a negative count removes that many entries
+                drop_last(cache, n)
     return {n: statistics.median(ts) for n, ts in times.items()}

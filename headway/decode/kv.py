@@ -49,4 +49,20 @@ def keep_accepted(cache: Cache, prefix_len: int, tree_size: int, nodes: torch.Te
         layer.keys[..., prefix_len:prefix_len + n, :] = layer.keys[..., src, :]
         layer.values[..., prefix_len:prefix_len + n, :] = layer.values[..., src, :]
     if tree_size > n:
-        cache.crop(-(tree_size - n))
+        drop_last(cache, tree_size - n)
+
+
+def drop_last(cache: Cache, count: int) -> None:
+    """Remove the last ``count`` entries of every layer: ``Cache.crop(-count)``. Static layers of
+    releases before ~5.2x have no ``crop``; theirs is the same move, the length counter stepped back
+    in place (a compiled graph holds its address), the stale rows overwritten by the next write."""
+    if count <= 0:
+        return
+    if all(hasattr(layer, "crop") for layer in cache.layers):
+        cache.crop(-count)
+        return
+    for layer in cache.layers:
+        if hasattr(layer, "crop"):
+            layer.crop(-count)
+        else:
+            layer.cumulative_length.sub_(count)

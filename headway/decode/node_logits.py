@@ -17,6 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..compat import hidden_states_arg
 from .stats import _sync
 from .tree import TreeBuffers
 
@@ -119,7 +120,7 @@ def head_matches_logits(model: nn.Module, layer: int, probe: torch.Tensor) -> bo
     try:
         with torch.inference_mode():
             full = model(input_ids=probe).logits[0]
-            out: Any = model(input_ids=probe, output_hidden_states=[layer],
+            out: Any = model(input_ids=probe, output_hidden_states=hidden_states_arg([layer]),
                              logits_to_keep=torch.empty(0, dtype=torch.long, device=probe.device))
             if out.logits.shape[1] != 0:
                 return False

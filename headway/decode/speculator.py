@@ -20,6 +20,7 @@ from transformers import Cache
 
 from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
+from ..compat import cache_kwarg, hidden_states_arg
 from .args import DecodeError, check_decode_args
 from .attention import tree_attention
 from .cost import CURVE_SIZES, best_size, cost_by_size, forward_cost
@@ -315,7 +316,8 @@ class Speculator:
                  **kw: Any) -> Any:
         fn = self._verify_forward if verify else self.target  # compiled with ``compile``: the tree forward only
         with tree_attention(self.target, self.grouped_attention):  # tree masks: grouped-query attention
-            return fn(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=layers or self._layers, **kw)
+            return fn(input_ids=ids, **{cache_kwarg(): cache}, use_cache=True,
+                      output_hidden_states=hidden_states_arg(layers or self._layers), **kw)
 
     def uses_lazy_logits(self) -> bool:
         """Whether trees are verified with on-demand lm_head rows (decided once, on first use)."""

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..compat import cache_kwarg
 from ..config import ConfigError, check_choice
 from ..data.progress import quiet_transformers
 from ..data.stdlib_corpus import (HELDOUT_FRACTION, SPLITS, _corpus, _prompt_spans, _read,  # noqa: F401  (re-exported)
@@ -140,6 +141,8 @@ def flop_layer_ratio(config: Any, context: int) -> float:
 def timed_layer_ratio(model: nn.Module, context: int, steps: int = 24) -> float:
     """Median over 1-token decode steps (fp32, ``context`` cached tokens) of the mean time of one
     decoder layer divided by the whole forward, measured with hooks inside the real forward."""
+    from transformers import DynamicCache
+
     layers = model.model.layers
     spent: list[float] = []
     starts: dict[int, float] = {}
@@ -149,12 +152,13 @@ def timed_layer_ratio(model: nn.Module, context: int, steps: int = 24) -> float:
         hooks.append(layer.register_forward_hook(lambda m, a, o, i=i: spent.append(time.perf_counter() - starts[i])))
     try:
         ids = torch.randint(3, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
-        out = model(input_ids=ids, use_cache=True)
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, use_cache=True, **{cache_kwarg(): cache})
         ratios = []
         for step in range(steps):
             spent.clear()
             t0 = time.perf_counter()
-            out = model(input_ids=ids[:, step:step + 1], cache=out.cache, use_cache=True)
+            model(input_ids=ids[:, step:step + 1], use_cache=True, **{cache_kwarg(): cache})
             total = time.perf_counter() - t0
             if step >= 4:  # first steps warm up allocators
                 ratios.append(sum(spent) / len(spent) / total)
@@ -168,8 +172,11 @@ def timed_layer_ratio(model: nn.Module, context: int, steps: int = 24) -> float:
 def generate(model: nn.Module, prompt_ids: list[int], new_tokens: int, temperature: float = 0.0,
              generator: torch.Generator | None = None) -> list[int]:
     """Plain autoregressive decoding with the KV cache; no EOS stop, so lengths are comparable."""
+    from transformers import DynamicCache
+
     ids = torch.tensor([prompt_ids])
-    out = model(input_ids=ids, use_cache=True)
+    cache = DynamicCache(config=model.config)
+    out = model(input_ids=ids, use_cache=True, **{cache_kwarg(): cache})
     result: list[int] = []
     for _ in range(new_tokens):
         logits = out.logits[0, -1].float()  # (V,)
@@ -178,7 +185,7 @@ def generate(model: nn.Module, prompt_ids: list[int], new_tokens: int, temperatu
         else:
             nxt = logits.argmax(-1, keepdim=True)
         result.append(int(nxt))
-        out = model(input_ids=nxt[None], cache=out.cache, use_cache=True)
+        out = model(input_ids=nxt[None], use_cache=True, **{cache_kwarg(): cache})
     return result
 
 

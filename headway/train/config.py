@@ -171,6 +171,9 @@ class TrainConfig(TargetArgs):
     stop_after: int | None = opt(None, "stop after this optimiser step as if interrupted (checkpoint saved, no final "
                                        "heads); the schedule still plans for max_steps/epochs, so resume_from=latest "
                                        "continues the same run (for time-boxed sessions)")
+    time_limit: float | None = opt(None, "minutes this invocation may train: at the first log step past it, training "
+                                         "ends as if at its last step (a final eval and the final heads; the learning-"
+                                         "rate schedule is cut, not stretched), for a machine lent for a fixed time")
     batch_size: int = opt(8, "rows per process per micro-batch")
     grad_accum: int = opt(1, "micro-batches per optimiser step (global batch = batch_size * processes * grad_accum)")
     group_by_length: int = opt(0, "sort rows by length inside windows of N global batches of the seeded order, so "

@@ -693,7 +693,7 @@ class TrainRun:
     tokenizer: Any
     train_rows: int
     steps: int  # the run's total optimiser steps (the schedule's length)
-    stop: int  # where this invocation stops (stop_after)
+    stop: int  # where this invocation stops (stop_after, or time_limit once it passes)
     global_batch: int
     step: int = 0
     started_at: int = 0  # the step this invocation resumed at
@@ -703,6 +703,8 @@ class TrainRun:
     last_loss: float | None = None
     pending_tokens: Tensor | None = None  # tokens of the steps since the last log line (on the device)
     sharding: dict[str, Any] | None = None  # how the frozen target is sharded (sharding_record)
+    timed_out: bool = False  # time_limit passed: the final heads are saved where the loop stopped
+    began: float = 0.0  # when this invocation's loop started (time_limit)
 
     @property
     def out(self) -> Path:
@@ -874,6 +876,7 @@ def run_steps(run: TrainRun) -> None:
         return torch.zeros((), dtype=torch.long, device=acc.device)
 
     run.pending_tokens, window_steps, window_start = zero(), 0, time.perf_counter()
+    run.began = window_start
     with Progress("train", run.steps, unit="steps", enabled=cfg.progress and acc.is_main_process,
                   every=cfg.log_every, stream=sys.stdout, completed=run.step) as progress:
         while run.step < run.stop:
@@ -910,6 +913,8 @@ def run_steps(run: TrainRun) -> None:
                 log_window(run, sums, window_steps, window_start, progress)
                 sums, run.pending_tokens, window_steps = {}, zero(), 0
                 window_start = time.perf_counter()
+                if run.step < run.stop and past_time_limit(run):
+                    run.stop, run.timed_out = run.step, True
             if run.ev_loader is not None and cfg.eval_every and run.step % cfg.eval_every == 0 \
                     and run.step < run.steps:
                 log_eval(run)
@@ -917,6 +922,21 @@ def run_steps(run: TrainRun) -> None:
             if (cfg.save_every and run.step % cfg.save_every == 0) or run.step == run.stop:
                 save_step(run)
                 window_start = time.perf_counter()
+
+
+def past_time_limit(run: TrainRun) -> bool:
+    """Whether ``time_limit`` has passed, as the main process sees it (every process takes its answer)."""
+    from accelerate.utils import broadcast_object_list
+
+    if run.cfg.time_limit is None:
+        return False
+    late = [time.perf_counter() - run.began > run.cfg.time_limit * 60]
+    broadcast_object_list(late)
+    if late[0]:
+        run.log.write({"event": "time_limit", "step": run.step, "minutes": run.cfg.time_limit},
+                      text=f"time limit ({run.cfg.time_limit:g} min) reached at step {run.step} of {run.steps}: "
+                           "saving the final heads now")
+    return bool(late[0])
 
 
 def log_window(run: TrainRun, sums: dict[str, Tensor], window_steps: int, window_start: float,
@@ -958,7 +978,7 @@ def stop_non_finite(run: TrainRun, at: int, message: str) -> None:
 def finish(run: TrainRun) -> Path:
     """After the loop: the checkpoint of an early stop, or a last eval and the final heads."""
     cfg, acc, step = run.cfg, run.accelerator, run.step
-    if step < run.steps:  # stopped early on purpose (stop_after): resumable, no final heads
+    if step < run.steps and not run.timed_out:  # stopped early on purpose (stop_after): resumable, no final heads
         run.log.write({"event": "stopped", "step": step}, text=f"stopped after step {step}; resume with "
                                                                "resume_from=latest")
         end_run(run)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct EAGLE-3 heads built on one CUDA GPU, for the CPU benchmark
+# (benchmarks/run_smollm2_bench.sh with SKIP_TRAIN=1 and the heads in runs/smollm2-eagle3-gpu/final).
+#
+#   GGUF=SmolLM2-135M-Instruct.Q4_1.gguf benchmarks/gpu_eagle3.sh
+#
+# The same steps as the CPU recipes, sized for a GPU: the target writes its own prompts (headway prompts),
+# answers them and the chat:train / chat:extra prompts greedily in float32 (batch 512), and the drafter
+# trains online (the target runs at every step: on a GPU that costs less than storing features).
+# Every step resumes. Knobs: SELF (self-written prompts, default 12000), EPOCHS (4), TTT (6),
+# TIME_LIMIT (minutes of training; the heads are saved where it stops) or DEADLINE (epoch seconds the whole
+# job must end by; training gets what is left but 90 s), RUNS (runs), PY (python3),
+# LIMIT (a smoke test: that many prompts from each source), TRAIN_ARGS (more `headway train` options).
+# With OUT set, the heads come back as a tar in 15 MiB parts (heads.tar.part-*) beside the logs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+RUNS=${RUNS:-runs}
+SELF=${SELF:-12000}
+EPOCHS=${EPOCHS:-4}
+TTT=${TTT:-6}
+LIMIT=${LIMIT:-}
+MAX_NEW=${MAX_NEW:-160}
+BATCH=${BATCH:-512}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARALLELISM=false
+hw() { echo "+ headway $* [$(date +%T)]" >&2; "$PY" -m headway "$@"; }
+lim() { [[ -n "$LIMIT" ]] && echo "--limit $LIMIT"; true; }
+
+if [[ -n "${GGUF:-}" ]]; then hw target build smollm2 --gguf "$GGUF"; else hw target build smollm2; fi
+# shellcheck disable=SC2046
+hw prompts --config configs/prompts-smollm2.yaml --output "$RUNS/gpu-prompts" --num "${LIMIT:-$SELF}" \
+    --batch_size "$BATCH" --dtype float32
+common=(--target smollm2 --max_new_tokens "$MAX_NEW" --temperature 0 --dtype float32 --batch_size "$BATCH"
+        --shard_size "$BATCH" --seed 0)
+# shellcheck disable=SC2046
+hw distill --source chat:train --output "$RUNS/gpu-distill-train" "${common[@]}" $(lim)
+# shellcheck disable=SC2046
+hw distill --source chat:extra --output "$RUNS/gpu-distill-extra" "${common[@]}" $(lim)
+# shellcheck disable=SC2046
+hw distill --source "$RUNS/gpu-prompts/prompts.jsonl" --output "$RUNS/gpu-distill-self" "${common[@]}" $(lim)
+hw distill --source chat:dev --output "$RUNS/gpu-distill-dev" "${common[@]}" --limit "${LIMIT:-96}"
+[[ -f "$RUNS/gpu-distill/headway_distill.json" ]] || \
+    hw merge "$RUNS/gpu-distill-train" "$RUNS/gpu-distill-extra" "$RUNS/gpu-distill-self" --output "$RUNS/gpu-distill"
+
+if [[ -n "${DEADLINE:-}" ]]; then  # a machine lent until DEADLINE (epoch seconds): train until 90 s before it
+    TIME_LIMIT=$(awk -v d="$DEADLINE" -v n="$(date +%s)" 'BEGIN { m = (d - n - 90) / 60; printf "%.2f", m < 1 ? 1 : m }')
+fi
+# TF32 matmuls in training only: the answers above come from a strict float32 target
+export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
+# shellcheck disable=SC2086
+hw train --config configs/smollm2-eagle3-gpu.yaml --data "$RUNS/gpu-distill" --eval_data "$RUNS/gpu-distill-dev" \
+    --output_dir "$RUNS/smollm2-eagle3-gpu" --epochs "$EPOCHS" --eagle.ttt_steps "$TTT" \
+    ${TIME_LIMIT:+--time_limit "$TIME_LIMIT"} ${TRAIN_ARGS:-}
+unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE
+if [[ -n "${OUT:-}" ]]; then
+    tar -C "$RUNS/smollm2-eagle3-gpu" -cf - final | split -b 15M - "$OUT/heads.tar.part-"
+    cp "$RUNS/smollm2-eagle3-gpu/log.jsonl" "$OUT/train-log.jsonl" 2>/dev/null || true
+    # the answers too (token ids; xz), for CPU-side evaluation or more training
+    tar -C "$RUNS" -cf - gpu-distill gpu-distill-dev | xz -T0 -6 > "$RUNS/gpu-distill.tar.xz"
+    if [[ $(stat -c %s "$RUNS/gpu-distill.tar.xz") -lt 20000000 ]]; then  # beside the heads, within what comes back
+        split -b 15M "$RUNS/gpu-distill.tar.xz" "$OUT/distill.tar.xz.part-"
+    fi
+fi
+echo "done [$(date +%T)]" >&2
