@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# SmolLM2-135M-Instruct EAGLE-3 heads built on one CUDA GPU, for the CPU benchmark
-# (benchmarks/run_smollm2_bench.sh with SKIP_TRAIN=1 and the heads in runs/smollm2-eagle3-gpu/final).
+# SmolLM2-135M-Instruct EAGLE-3 heads built on one CUDA GPU, for the CPU benchmark: with the heads
+# unpacked in runs/smollm2-eagle3-gpu/final, `SKIP_TRAIN=1 benchmarks/run_smollm2_bench.sh eagle3-gpu`.
 #
 #   GGUF=SmolLM2-135M-Instruct.Q4_1.gguf benchmarks/gpu_eagle3.sh
 #

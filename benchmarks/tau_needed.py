@@ -15,6 +15,9 @@ Eagle3Drafter.for_target(t, draft_vocab_size=8192, aux_layers=[2, 15, 27]).save_
     headway bench --target smollm2 --heads runs/random-eagle3 --tree chain-1 dynamic-8-6-24 dynamic-8-6-48 \
         --prompts chat:heldout --num_prompts 4 --max_new_tokens 64 --baselines hf-weight-major --json random.json
     python benchmarks/tau_needed.py random.json --goal 1.3 --tau dynamic-8-6-24=2.38 dynamic-8-6-48=2.53
+
+``--check trained.json`` (a bench of trained heads on the same trees and prompts) sets the speedup each
+tree measured beside the one projected for its τ: how far the projection can be trusted.
 """
 
 from __future__ import annotations
@@ -46,21 +49,44 @@ def rows(report: dict, goal: float, taus: dict[str, float]) -> list[list[str]]:
     return out
 
 
+def check(report: dict, trained: dict) -> list[list[str]]:
+    """The projection against a bench of trained heads: each tree's τ there, the speedup it measured
+    and the one the random-weight step times give for that τ."""
+    def hf_ms(r: dict) -> float:
+        return 1000 / next(m for m in r["methods"] if m["name"] == "hf-generate")["tokens_per_s"]
+
+    step = {m["tree"]: 1000 / m["tokens_per_s"] * m["new_tokens"] / (m.get("target_forwards") or m["new_tokens"])
+            for m in report["methods"] if m.get("tree") and m.get("temperature", 0) == 0}
+    out = [["trained heads", "τ", "measured", "projected"]]
+    for m in trained["methods"]:
+        if m.get("tree") in step and m.get("temperature", 0) == 0:
+            out.append([m["name"], f"{m['tau']:.2f}", f"{m['speedup']:.2f}x",
+                        f"{m['tau'] * hf_ms(report) / step[m['tree']]:.2f}x"])
+    return out
+
+
+def print_table(table: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    for r in table:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("report", help="headway bench --json output of random-weight heads")
     ap.add_argument("--goal", type=float, default=1.3, help="target speedup over HF generate")
     ap.add_argument("--tau", nargs="*", default=[], help="TREE=TAU measured elsewhere, to project here")
+    ap.add_argument("--check", help="a bench --json of trained heads on the same trees: measured against projected")
     args = ap.parse_args(argv)
     report = json.load(open(args.report))
     taus = {k: float(v) for k, v in (t.split("=", 1) for t in args.tau)}
-    table = rows(report, args.goal, taus)
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     hf = next(m for m in report["methods"] if m["name"] == "hf-generate")
     print(f"{report['settings'].get('target')}, {report['settings'].get('threads')} thread(s): HF generate "
           f"{1000 / hf['tokens_per_s']:.1f} ms/token")
-    for r in table:
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    print_table(rows(report, args.goal, taus))
+    if args.check:
+        print()
+        print_table(check(report, json.load(open(args.check))))
     return 0
 
 
