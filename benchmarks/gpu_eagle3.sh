@@ -7,10 +7,12 @@
 # The same steps as the CPU recipes, sized for a GPU: the target writes its own prompts (headway prompts),
 # answers them and the chat:train / chat:extra prompts greedily in float32 (batch 512), and the drafter
 # trains online (the target runs at every step: on a GPU that costs less than storing features).
-# Every step resumes. Knobs: SELF (self-written prompts, default 12000), EPOCHS (4), TTT (6),
-# TIME_LIMIT (minutes of training; the heads are saved where it stops) or DEADLINE (epoch seconds the whole
-# job must end by; training gets what is left but 90 s), RUNS (runs), PY (python3),
-# LIMIT (a smoke test: that many prompts from each source), TRAIN_ARGS (more `headway train` options).
+# Every step resumes. Knobs: SELF (self-written prompts, default 12000, written and answered in chunks of
+# CHUNK, 3000), EPOCHS (4), TTT (6), TIME_LIMIT (minutes of training; the heads are saved where it stops) or
+# DEADLINE (epoch seconds the whole job must end by: no new chunk of self-written prompts starts unless
+# RESERVE seconds (330) and the last chunk's time are left, and training gets what is left but 90 s),
+# RUNS (runs), PY (python3), LIMIT (a smoke test: that many prompts from each source), TRAIN_ARGS (more
+# `headway train` options).
 # With OUT set, the heads come back as a tar in 15 MiB parts (heads.tar.part-*) beside the logs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,20 +29,35 @@ hw() { echo "+ headway $* [$(date +%T)]" >&2; "$PY" -m headway "$@"; }
 lim() { [[ -n "$LIMIT" ]] && echo "--limit $LIMIT"; true; }
 
 if [[ -n "${GGUF:-}" ]]; then hw target build smollm2 --gguf "$GGUF"; else hw target build smollm2; fi
-# shellcheck disable=SC2046
-hw prompts --config configs/prompts-smollm2.yaml --output "$RUNS/gpu-prompts" --num "${LIMIT:-$SELF}" \
-    --batch_size "$BATCH" --dtype float32
 common=(--target smollm2 --max_new_tokens "$MAX_NEW" --temperature 0 --dtype float32 --batch_size "$BATCH"
         --shard_size "$BATCH" --seed 0)
 # shellcheck disable=SC2046
 hw distill --source chat:train --output "$RUNS/gpu-distill-train" "${common[@]}" $(lim)
 # shellcheck disable=SC2046
 hw distill --source chat:extra --output "$RUNS/gpu-distill-extra" "${common[@]}" $(lim)
-# shellcheck disable=SC2046
-hw distill --source "$RUNS/gpu-prompts/prompts.jsonl" --output "$RUNS/gpu-distill-self" "${common[@]}" $(lim)
 hw distill --source chat:dev --output "$RUNS/gpu-distill-dev" "${common[@]}" --limit "${LIMIT:-96}"
-[[ -f "$RUNS/gpu-distill/headway_distill.json" ]] || \
-    hw merge "$RUNS/gpu-distill-train" "$RUNS/gpu-distill-extra" "$RUNS/gpu-distill-self" --output "$RUNS/gpu-distill"
+parts=("$RUNS/gpu-distill-train" "$RUNS/gpu-distill-extra")
+
+# Self-written prompts in chunks, each answered before the next is written, so a lent machine that runs
+# short of time still trains on every chunk it finished.
+left() { if [[ -n "${DEADLINE:-}" ]]; then echo $(( DEADLINE - $(date +%s) )); else echo 1000000000; fi; }
+want=${LIMIT:-$SELF}; chunk=${CHUNK:-3000}; have=0; last=0; k=0
+while (( have < want )); do
+    if (( $(left) < ${RESERVE:-330} + last )); then
+        echo "self-written prompts stop at $have: $(left) s left, the last chunk took $last s" >&2; break
+    fi
+    t0=$(date +%s); k=$((k + 1)); upto=$(( have + chunk < want ? have + chunk : want ))
+    hw prompts --config configs/prompts-smollm2.yaml --output "$RUNS/gpu-prompts" --num "$upto" \
+        --batch_size "$BATCH" --dtype float32
+    rows=$(wc -l < "$RUNS/gpu-prompts/prompts.jsonl")  # whole batches: a few more than asked for
+    end=$(( rows < upto ? rows : upto ))
+    (( end > have )) || break
+    sed -n "$((have + 1)),${end}p" "$RUNS/gpu-prompts/prompts.jsonl" > "$RUNS/gpu-prompts/chunk-$k.jsonl"
+    hw distill --source "$RUNS/gpu-prompts/chunk-$k.jsonl" --output "$RUNS/gpu-distill-self-$k" "${common[@]}"
+    parts+=("$RUNS/gpu-distill-self-$k")
+    have=$end; last=$(( $(date +%s) - t0 ))
+done
+[[ -f "$RUNS/gpu-distill/headway_distill.json" ]] || hw merge "${parts[@]}" --output "$RUNS/gpu-distill"
 
 if [[ -n "${DEADLINE:-}" ]]; then  # a machine lent until DEADLINE (epoch seconds): train until 90 s before it
     TIME_LIMIT=$(awk -v d="$DEADLINE" -v n="$(date +%s)" 'BEGIN { m = (d - n - 90) / 60; printf "%.2f", m < 1 ? 1 : m }')
