@@ -66,6 +66,41 @@ def test_tied_embeddings_stay_tied(tmp_path):
     assert reloaded.get_output_embeddings().weight.data_ptr() == reloaded.get_input_embeddings().weight.data_ptr()
 
 
+def test_special_tokens_follow_the_gguf_whatever_the_loader_names(tiny_gguf, tmp_path, monkeypatch):
+    """transformers 5.17 loads SmolLM2's GGUF with <|im_start|> as EOS where the file says <|im_end|>:
+    the built folder takes the file's ids, so heads trained on a build from any release agree."""
+    import headway.demo.named as named
+    from headway.tokenizer import tokenizer_fingerprint
+
+    path = tiny_gguf[0]
+    assert named.gguf_special_ids(path) == {"bos": 0, "eos": 1, "pad": 2}  # what gguf_utils writes
+    right = build_named_target("smollm2", cache_dir=tmp_path / "a", gguf=path)
+    _, tok = load_target(str(right))
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 1, 2)
+
+    real = named.load_gguf
+
+    def misnamed(f):  # a release that calls the BOS token the EOS, as 5.17 does for SmolLM2
+        model, tokenizer = real(f)
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(0)
+        return model, tokenizer
+
+    monkeypatch.setattr(named, "load_gguf", misnamed)
+    fixed = build_named_target("smollm2", cache_dir=tmp_path / "b", gguf=path)
+    _, tok2 = load_target(str(fixed))
+    assert tok2.eos_token_id == 1 and tokenizer_fingerprint(tok2) == tokenizer_fingerprint(tok)
+    meta = json.loads((fixed / METADATA_FILE).read_text())
+    assert meta["special_tokens"]["eos"] == tok.convert_ids_to_tokens(1)
+
+
+def test_a_gguf_special_id_outside_the_vocabulary_is_refused(tiny_gguf):
+    import headway.demo.named as named
+
+    _, tok = load_gguf(tiny_gguf[0])
+    with pytest.raises(TargetError, match="eos token id 99999 is outside its vocabulary"):
+        named.pin_special_tokens(tok, {"eos": 99999})
+
+
 def test_build_is_idempotent_and_cached(tiny_gguf, tmp_path):
     path = tiny_gguf[0]
     folder = build_named_target("smollm2", cache_dir=tmp_path, gguf=path)

@@ -31,7 +31,7 @@ from ..publish import publishing
 from ..target import NAMED_TARGETS, NamedTarget, TargetError  # noqa: F401  (re-exported)
 
 METADATA_FILE = "headway_named_target.json"  # not the demo target's headway_target.json: readers of that expect demo fields
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: special tokens pinned to the GGUF's own ids (pin_special_tokens)
 # Logits of the rebuilt model must equal the GGUF-loaded model's: same float weights, same code.
 MAX_LOGIT_DIFF = 1e-5
 
@@ -118,6 +118,43 @@ def load_gguf(gguf_file: Path) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
+# GGUF metadata keys of the special tokens, by the tokenizer attribute they set
+GGUF_SPECIAL_KEYS = {"bos": "tokenizer.ggml.bos_token_id", "eos": "tokenizer.ggml.eos_token_id",
+                     "unk": "tokenizer.ggml.unknown_token_id", "pad": "tokenizer.ggml.padding_token_id"}
+
+
+def gguf_special_ids(gguf_file: Path) -> dict[str, int]:
+    """The special token ids the GGUF file itself records (``bos``, ``eos``, ``unk``, ``pad``; those present)."""
+    import gguf
+
+    fields = gguf.GGUFReader(str(gguf_file)).fields
+    out = {}
+    for role, key in GGUF_SPECIAL_KEYS.items():
+        field = fields.get(key)
+        if field is not None and field.data:
+            out[role] = int(field.parts[field.data[0]][0])
+    return out
+
+
+def pin_special_tokens(tokenizer: Any, ids: dict[str, int]) -> dict[str, str]:
+    """Set the tokenizer's special tokens to the GGUF's ids; return them by role.
+
+    transformers' GGUF tokenizer conversion names them differently across releases (5.17 makes
+    ``<|im_start|>`` the EOS of SmolLM2's file, whose metadata says ``<|im_end|>``; 5.25 follows the
+    file). The file decides, so one GGUF builds the same target, and heads trained on it keep their
+    tokenizer fingerprint, on every release."""
+    pinned = {}
+    for role, i in ids.items():
+        if not 0 <= i < len(tokenizer):
+            raise TargetError(f"the GGUF's {role} token id {i} is outside its vocabulary of {len(tokenizer)}")
+        token = tokenizer.convert_ids_to_tokens(i)
+        setattr(tokenizer, f"{role}_token", token)
+        if getattr(tokenizer, f"{role}_token_id") != i:
+            raise TargetError(f"could not make {token!r} (id {i}) the tokenizer's {role} token")
+        pinned[role] = token
+    return pinned
+
+
 def plain_copy(model: Any) -> Any:
     """The same model as a plain transformers model (no quantization_config), weights copied."""
     from transformers import AutoModelForCausalLM
@@ -159,6 +196,7 @@ def convert_gguf(gguf_file: Path, out: Path, source: dict[str, Any]) -> dict[str
     """Write ``out`` as a plain HF folder from ``gguf_file``; return the metadata written."""
     t0 = time.perf_counter()
     gguf_model, tokenizer = load_gguf(gguf_file)
+    special = pin_special_tokens(tokenizer, gguf_special_ids(gguf_file))
     model = plain_copy(gguf_model)
     diff = max_logit_diff(model, gguf_model)
     if not diff <= MAX_LOGIT_DIFF:
@@ -170,7 +208,7 @@ def convert_gguf(gguf_file: Path, out: Path, source: dict[str, Any]) -> dict[str
             "architecture": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
             "num_hidden_layers": model.config.num_hidden_layers, "hidden_size": model.config.hidden_size,
             "vocab_size": model.config.vocab_size, "tie_word_embeddings": bool(model.config.tie_word_embeddings),
-            "chat_template": bool(tokenizer.chat_template), "max_logit_diff_vs_gguf": diff,
+            "chat_template": bool(tokenizer.chat_template), "special_tokens": special, "max_logit_diff_vs_gguf": diff,
             "probe_tokens": int(probe_ids(model.config.vocab_size).numel()),
             "build_seconds": round(time.perf_counter() - t0, 1)}
     (out / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
