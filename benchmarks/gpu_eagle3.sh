@@ -11,8 +11,9 @@
 # CHUNK, 3000), EPOCHS (4), TTT (6), TIME_LIMIT (minutes of training; the heads are saved where it stops) or
 # DEADLINE (epoch seconds the whole job must end by: no new chunk of self-written prompts starts unless
 # RESERVE seconds (330) and the last chunk's time are left, and training gets what is left but 90 s),
-# RUNS (runs), PY (python3), LIMIT (a smoke test: that many prompts from each source), TRAIN_ARGS (more
-# `headway train` options).
+# STEPS_PER_S (the GPU's training steps a second at TRAIN_BATCH, 32: with a time limit, fewer epochs so the
+# schedule ends inside it), RUNS (runs), PY (python3), LIMIT (a smoke test: that many prompts from each source),
+# TRAIN_ARGS (more `headway train` options).
 # With OUT set, the heads come back as a tar in 15 MiB parts (heads.tar.part-*) beside the logs.
 # Measured on an H200 (benchmarks/results/smollm2-gpu/): answers ~10,400 tok/s, a 3,000-prompt chunk ~85 s,
 # training 11.4 steps/s; each headway command spends ~15 s starting, even when it finds its work done.
@@ -63,6 +64,17 @@ done
 
 if [[ -n "${DEADLINE:-}" ]]; then  # a machine lent until DEADLINE (epoch seconds): train until 90 s before it
     TIME_LIMIT=$(awk -v d="$DEADLINE" -v n="$(date +%s)" 'BEGIN { m = (d - n - 90) / 60; printf "%.2f", m < 1 ? 1 : m }')
+fi
+# With the GPU's training rate known (STEPS_PER_S; an H200 ran 11.4 at batch 32), the epochs shrink to what
+# the time limit holds, so the learning-rate schedule runs to its end instead of being cut by time_limit
+if [[ -n "${TIME_LIMIT:-}" && -n "${STEPS_PER_S:-}" ]]; then
+    rows=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["rows"])' "$RUNS/gpu-distill/headway_distill.json")
+    fit=$(awk -v r="$rows" -v s="$STEPS_PER_S" -v m="$TIME_LIMIT" -v b="${TRAIN_BATCH:-32}" \
+        'BEGIN { e = 0.95 * s * m * 60 * b / r; printf "%.2f", e < 0.05 ? 0.05 : e }')
+    if awk -v f="$fit" -v e="$EPOCHS" 'BEGIN { exit !(f < e) }'; then
+        echo "epochs $EPOCHS -> $fit: what $TIME_LIMIT min hold at $STEPS_PER_S steps/s over $rows answers" >&2
+        EPOCHS=$fit
+    fi
 fi
 # TF32 matmuls in training only: the answers above come from a strict float32 target
 export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
