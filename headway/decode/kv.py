@@ -58,10 +58,7 @@ def drop_last(cache: Cache, count: int) -> None:
     in place (a compiled graph holds its address), the stale rows overwritten by the next write."""
     if count <= 0:
         return
-    if all(hasattr(layer, "crop") for layer in cache.layers):
-        cache.crop(-count)
-        return
-    for layer in cache.layers:
+    for layer in cache.layers:  # what Cache.crop does, layer by layer
         if hasattr(layer, "crop"):
             layer.crop(-count)
         else:
