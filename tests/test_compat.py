@@ -67,3 +67,21 @@ def test_the_probe_leaves_the_global_rng_where_it_was(monkeypatch):
     torch.manual_seed(5)
     assert isinstance(selects_hidden_states(), bool)
     torch.testing.assert_close(torch.rand(3), a, rtol=0, atol=0)
+
+
+def test_drop_last_removes_the_last_entries_with_or_without_a_layer_crop():
+    """Dynamic layers crop; static layers of releases without ``crop`` step their length counter back."""
+    from types import SimpleNamespace
+
+    from headway.decode.kv import drop_last
+
+    cache = DynamicCache()
+    keys = torch.arange(2 * 7 * 4, dtype=torch.float32).view(1, 2, 7, 4)
+    cache.update(keys, keys + 1, 0)
+    static = SimpleNamespace(cumulative_length=torch.tensor(7))  # no crop attribute
+    cache.layers.append(static)
+    drop_last(cache, 3)
+    assert cache.layers[0].keys.shape[2] == 4 and torch.equal(cache.layers[0].keys, keys[:, :, :4])
+    assert int(static.cumulative_length) == 4
+    drop_last(cache, 0)  # nothing to drop: unchanged
+    assert cache.layers[0].keys.shape[2] == 4 and int(static.cumulative_length) == 4
