@@ -13,8 +13,8 @@ from headway.testing import tiny_target
 
 from test_decode_exact import OracleProposer, make_heads, prompts, reference, tie_free
 
-CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3") for shape in ("chain-4", "dynamic-4-4-12")] + \
-    [("medusa", "mc_sim_7b_63")]
+CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "dflash") for shape in ("chain-4", "dynamic-4-4-12")] + \
+    [("medusa", "mc_sim_7b_63"), ("dflash-vocab", "mc_sim_7b_63")]
 
 
 @pytest.fixture(scope="module")
@@ -200,8 +200,8 @@ def twin_checked(spec, refs, ps, vocab, made):
     return new
 
 
-TWIN_CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3")
-              for shape in ("chain-4", "dynamic-4-4-12")] + [("eagle1", "mc_sim_7b_63")]
+TWIN_CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "dflash")
+              for shape in ("chain-4", "dynamic-4-4-12")] + [("eagle1", "mc_sim_7b_63"), ("dflash-vocab", "mc_sim_7b_63")]
 
 
 @pytest.mark.parametrize("kind,shape", TWIN_CASES)

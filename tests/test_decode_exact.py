@@ -7,11 +7,12 @@ from headway.decode import Speculator
 from headway.decode import speculator as speculator_module
 from headway.decode.args import DecodeError
 from headway.decode.proposers import make_proposer
-from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.testing import ARCHITECTURES, sample_texts, tiny_target
 
 SHAPES = ["chain-4", "mc_sim_7b_63", "dynamic-4-4-12"]
-KINDS = ["medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab"]  # -vocab: a reduced draft vocabulary
+KINDS = ["medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab"]  # -vocab: a reduced
+# draft vocabulary
 
 
 def draft_vocab(model, n=200, seed=5):
@@ -32,6 +33,8 @@ def make_heads(kind, model, seed=1, vocab=None):
         return heads
     if kind.startswith("eagle1"):
         return Eagle1Drafter.for_target(model, draft_vocab=vocab)
+    if kind.startswith("dflash"):  # 2 layers, a block of 5: 4 drafted depths
+        return DFlashDrafter.for_target(model, mask_token_id=3, block_size=5, num_layers=2, draft_vocab=vocab)
     return Eagle3Drafter.for_target(model, draft_vocab_size=200)
 
 

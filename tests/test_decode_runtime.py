@@ -15,7 +15,7 @@ from headway.decode.tree import additive_mask
 from headway.target import DecodeTargetArgs, TargetError, load_dtype, load_target, parse_device_map
 from headway.testing import tiny_target
 
-HEAD_KINDS = ["medusa", "eagle1", "eagle3", "medusa-vocab"]
+HEAD_KINDS = ["medusa", "eagle1", "eagle3", "dflash", "medusa-vocab"]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from headway.decode.node_logits import NodeProbs
 from headway.decode.sampling import (SamplingParams, processed_probs, sample_from, verify_sample,
                                      verify_sampled_chain)
 from headway.decode.tree import TreeBuffers
-from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.testing import tiny_tokenizer
 
 V, N_TOKENS, N_SAMPLES = 6, 3, 20_000
@@ -53,6 +53,8 @@ def heads_for(kind, model):
         return h
     if kind.startswith("eagle1"):
         return Eagle1Drafter.for_target(model, draft_vocab=vocab)
+    if kind.startswith("dflash"):
+        return DFlashDrafter.for_target(model, mask_token_id=4, block_size=4, num_layers=1, draft_vocab=vocab)
     h = Eagle3Drafter.for_target(model, draft_vocab_size=4)
     h.set_draft_vocab(torch.tensor([1, 2, 3, 5]))
     return h
@@ -153,9 +155,9 @@ def seed_of(*parts) -> int:
     return zlib.crc32("/".join(parts).encode()) % 1000
 
 
-KINDS = ("medusa", "eagle1", "eagle3", "medusa-vocab", "eagle1-vocab")
+KINDS = ("medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab")
 # Every kind with the dynamic tree (the most branching), every shape with one Medusa and one EAGLE
-# kind: 9 cases keep CI's suite short; HEADWAY_FULL_SAMPLING=1 runs all 15 (and all 5 sampled chains).
+# kind: 11 cases keep CI's suite short; HEADWAY_FULL_SAMPLING=1 runs all 21 (and all 7 sampled chains).
 FULL = os.environ.get("HEADWAY_FULL_SAMPLING") == "1"
 CASES = [(kind, shape) for kind in KINDS for shape in ("chain-3", "mc_sim_7b_63", "dynamic-3-3-8")
          if FULL or shape == "dynamic-3-3-8" or kind in ("medusa", "eagle3")]
@@ -318,16 +320,20 @@ def smoothed_heads(kind, model):
     if kind == "eagle3":
         with torch.no_grad():
             h.lm_head.weight.mul_(0.1)
+    if kind.startswith("dflash"):
+        with torch.no_grad():
+            h.norm.weight.mul_(0.1)
     return h
 
 
-@pytest.mark.parametrize("kind", KINDS if FULL else ("eagle3", "medusa-vocab"))
+@pytest.mark.parametrize("kind", KINDS if FULL else ("eagle3", "medusa-vocab", "dflash"))
 def test_sampled_chain_drafts_match_target(target, kind):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree="chain-3")
     probs = exact_distribution(target, params)
     n = 10_000 if FULL else 6_000  # every sample drafts anew, so fewer than the memoised tests above
-    seed = {"medusa": 12, "eagle1": 13, "eagle3": 14, "medusa-vocab": 15, "eagle1-vocab": 16}[kind]
+    seed = {"medusa": 12, "eagle1": 13, "eagle3": 14, "medusa-vocab": 15, "eagle1-vocab": 16, "dflash": 17,
+            "dflash-vocab": 18}[kind]
     counts = sampled_chain_samples(spec, params, n, seed=seed)
     assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
     assert total_variation(counts, probs, n) < tv_bound(probs, n)

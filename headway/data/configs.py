@@ -94,9 +94,9 @@ class FeaturesConfig(TargetArgs):
     output: str = opt("runs/features", "output folder (resumed if it holds shards of the same settings)")
     layers: list[str] = opt(default_factory=lambda: ["final"],
                             help="hidden states to store: 'final' (post-norm, Medusa/EAGLE-1), HF hidden_states "
-                                 "indices (e.g. 2 4 5), or 'eagle3' (2, L//2, L-3); training reads 'final' for "
-                                 "Medusa / EAGLE-1 and for every EAGLE kind's soft labels, so EAGLE-3 wants "
-                                 "'eagle3 final'")
+                                 "indices (e.g. 2 4 5), 'eagle3' (2, L//2, L-3) or 'dflash' (5 spread over the "
+                                 "depth); training reads 'final' for Medusa / EAGLE-1 and for every drafter's "
+                                 "soft labels, so EAGLE-3 wants 'eagle3 final' and DFlash 'dflash final'")
     store_dtype: str = opt("bfloat16", "dtype of the stored features", choices=STORE_DTYPE_NAMES)
     batch_size: int = opt(8, "rows per forward pass")
     shard_size: int = opt(512, "rows per shard (the unit of resumption)")

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..feature_layers import dflash_layers
 from .configs import FeaturesConfig
 from .errors import DataError
 from .shards import complete_shards, write_json
@@ -24,14 +25,15 @@ STORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32":
 # ---------------------------------------------------------------- layer specs
 
 def parse_layers(layers: Sequence[str | int], num_hidden_layers: int) -> list[str | int]:
-    """Validate and expand a layer spec: 'final', hidden-state indices 0..L, or 'eagle3'."""
+    """Validate and expand a layer spec: 'final', hidden-state indices 0..L, 'eagle3' or 'dflash'."""
     out: list[str | int] = []
     for spec in layers:
         s = str(spec).strip().lower()
         if s == "final":
             out.append("final")
-        elif s == "eagle3":
-            out += eagle3_layers(num_hidden_layers)
+        elif s in ("eagle3", "dflash"):  # a preset adds its layers not listed yet ('eagle3 dflash final')
+            preset = eagle3_layers(num_hidden_layers) if s == "eagle3" else dflash_layers(num_hidden_layers)
+            out += [i for i in preset if i not in out]
         elif s.lstrip("-").isdigit():
             i = int(s)
             if not 0 <= i <= num_hidden_layers:
@@ -39,7 +41,8 @@ def parse_layers(layers: Sequence[str | int], num_hidden_layers: int) -> list[st
                                 f"(0..{num_hidden_layers}; use 'final' for the post-norm final state)")
             out.append(i)
         else:
-            raise DataError(f"unknown layer '{spec}'; use 'final', an integer hidden_states index, or 'eagle3'")
+            raise DataError(f"unknown layer '{spec}'; use 'final', an integer hidden_states index, 'eagle3' or "
+                            "'dflash'")
     if len(set(map(str, out))) != len(out):
         raise DataError(f"layers {out} repeat a layer")
     if not out:

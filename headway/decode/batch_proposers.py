@@ -13,6 +13,9 @@ no tree padding is needed while drafting. ``accept`` takes per-row paths (their 
   mask of real slots, additive masks with exact zeros. Row b's drafter state is its unbatched
   state (``proposers.EagleProposer``) spread over valid slots: entry t of a row still holds
   (x_{t+1}, f_t) at position t, whatever its physical slot.
+* ``DFlashBatchProposer``: one block per row from one drafter call per step; the rows' contexts
+  (keys and values of the fused target features) share a padded (B, kv_heads, S, head_dim) layout
+  with a ``valid`` (B, S) mask, written as the target's cache is.
 * ``RowsProposer``: per-row ``Proposer``s behind the batched protocol (each row drafts alone): a
   replaced ``Speculator.new_proposer`` (test oracles), and the A/B baseline of
   ``Speculator.batched_drafting = False``.
@@ -25,7 +28,8 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads
+from ..heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads
+from ..heads.dflash import ContextKV, extend_context
 from ..heads.layers import DraftCache
 from ..heads.metadata import calibration_temperatures
 from .padding import additive, after_prefix, catch_up_visible, first_slots, prefill_mask, used_columns
@@ -245,6 +249,78 @@ class EagleBatchProposer:
             self.valid = self.valid[:, cols]
 
 
+class DFlashBatchProposer:
+    """DFlash over B rows: the context keys / values of every row in one padded layout, one block
+    forward per step for all rows; depth d's distribution ignores the parent token (as Medusa's)."""
+
+    def __init__(self, drafter: DFlashDrafter, temperatures: Sequence[float] | None = None) -> None:
+        self.drafter = drafter
+        self.temperatures = temperatures
+        self.max_depth = drafter.block_size - 1
+        self.draft_vocab_size = drafter.draft_vocab_size
+        self.feature_layers = list(drafter.feature_layers)
+        self.context: ContextKV | None = None  # per layer (B, nkv, S, hd) keys, values
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)  # (B, S) real context slots
+        self.base = torch.zeros(0, dtype=torch.long)  # (B,) each row's next root position
+        self.roots = torch.zeros(0, dtype=torch.long)  # (B,) each row's next block anchor
+        self.logp: torch.Tensor | None = None  # (B, bs - 1, Vd)
+
+    def _write(self, features: list[torch.Tensor], pos: torch.Tensor, new_valid: torch.Tensor) -> None:
+        d = self.drafter
+        self.context = extend_context(self.context, d.context_kv(d.fuse(features), pos))
+        self.valid = torch.cat([self.valid.to(new_valid.device), new_valid], dim=1)
+
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor, position_ids: torch.Tensor,
+                features: list[torch.Tensor], first: torch.Tensor) -> None:
+        self.context, self.valid = None, valid[:, :0]
+        self._write(features, position_ids, valid.clone())
+        self.base, self.roots = valid.sum(1), first.reshape(-1).clone()
+
+    def accept(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
+               starts: Sequence[int]) -> None:
+        """Row b's path features (m_b+1 positions from its root) join its context, padded to the longest."""
+        dev = self.valid.device
+        counts = [p.numel() - 1 for p in paths]  # positions whose features arrive: the path, root first
+        M = max(counts)
+        feats = [torch.zeros(len(paths), M, f.shape[-1], dtype=f.dtype, device=dev) for f in features[0]]
+        for b, fs in enumerate(features):
+            for i, f in enumerate(fs):
+                feats[i][b, :counts[b]] = f
+        start = torch.tensor(list(starts), dtype=torch.long, device=dev)
+        self._write(feats, start[:, None] + torch.arange(M, device=dev)[None], first_slots(counts, dev))
+        self.base = start + torch.tensor(counts, dtype=torch.long, device=dev)
+        self.roots = torch.stack([p[-1] for p in paths])
+
+    def root_logprobs(self) -> torch.Tensor:
+        d = self.drafter
+        B, bs = self.roots.shape[0], d.block_size
+        x = d.block_embeddings(self.roots[:, None])  # (B, bs, H)
+        pos = self.base[:, None] + torch.arange(bs, device=x.device)  # (B, bs)
+        block = torch.ones(B, bs, bs, dtype=torch.bool, device=x.device)
+        mask = additive(after_prefix(self.valid, block), d.fc.weight.dtype)  # (B, 1, bs, S + bs)
+        out = d(x, pos, self.context, mask)[:, 1:]  # (B, bs - 1, H)
+        self.logp = F.log_softmax(d.logits(out).float(), dim=-1)
+        return self.logp[:, 0]
+
+    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        return self.logp[:, depth, None].expand(-1, tokens.shape[1], -1)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.drafter.draft_to_target_ids(draft_ids)
+
+    def end_tree(self) -> None:
+        pass
+
+    def select(self, keep: Sequence[int]) -> None:
+        sel = torch.tensor(list(keep), dtype=torch.long, device=self.valid.device)
+        self.valid, self.base, self.roots = self.valid[sel], self.base[sel], self.roots[sel]
+        self.context = [(k[sel], v[sel]) for k, v in self.context]
+        cols = used_columns(self.valid)  # slots only dropped rows used
+        if cols is not None:
+            self.valid = self.valid[:, cols]
+            self.context = [(k[:, :, cols], v[:, :, cols]) for k, v in self.context]
+
+
 def make_batch_proposer(heads: HeadsBase, max_depth: int | None = None, calibrate: bool = True) -> BatchProposer:
     """The heads' batched proposer, with the calibration temperatures ``make_proposer`` would give."""
     temps = calibration_temperatures(heads.metadata) if calibrate else None
@@ -252,4 +328,6 @@ def make_batch_proposer(heads: HeadsBase, max_depth: int | None = None, calibrat
         return MedusaBatchProposer(heads, temps)
     if isinstance(heads, (Eagle1Drafter, Eagle3Drafter)):
         return EagleBatchProposer(heads, max_depth, temps)
+    if isinstance(heads, DFlashDrafter):
+        return DFlashBatchProposer(heads, temps)
     raise TypeError(f"no batched proposer for {type(heads).__name__}")

@@ -2,7 +2,7 @@
 
 Each proposer is told what the target accepted (tokens and the target's hidden states at those
 positions) and then answers the tree builder's questions (``root_logprobs``, ``expand``): the
-``Proposer`` protocol of ``shapes.py``, which both classes here satisfy.
+``Proposer`` protocol of ``shapes.py``, which every class here satisfies.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..heads import Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads
+from ..heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads
+from ..heads.dflash import ContextKV, extend_context
 from ..heads.layers import DraftCache, causal_mask
 from ..heads.metadata import calibration_temperatures
 from .shapes import Proposer
@@ -148,6 +149,65 @@ class EagleProposer:
         return self.drafter.draft_to_target_ids(draft_ids)
 
 
+class DFlashProposer:
+    """A DFlash block drafter: one drafter call per step drafts every depth at once.
+
+    The drafter keeps the keys and values of the fused target features at every position whose
+    features the target has given (0 .. root - 1); a step's block is [root, mask, ...] at the root's
+    position and after. Like Medusa, depth d's distribution does not depend on the parent token, so
+    chains, static (top-k per depth) and dynamic trees all read the same (block_size - 1, Vd) block."""
+
+    def __init__(self, drafter: DFlashDrafter, temperatures: Sequence[float] | None = None) -> None:
+        self.drafter = drafter
+        self.temperatures = temperatures  # calibration by depth: shapes.py ranks dynamic trees with it
+        self.max_depth = drafter.block_size - 1
+        self.draft_vocab_size = drafter.draft_vocab_size
+        self.feature_layers = list(drafter.feature_layers)
+        self.context: ContextKV | None = None
+        self.length = 0  # positions in the context: the next root's position
+        self.root: torch.Tensor | None = None  # (1,) the next block's anchor
+        self.logp: torch.Tensor | None = None  # (block_size - 1, Vd) of the current tree
+
+    def _extend(self, features: list[torch.Tensor], start: int) -> None:
+        """features [(1, m, H)] at positions start .. start + m - 1 join the context."""
+        d = self.drafter
+        if start != self.length:
+            raise RuntimeError(f"DFlash context holds {self.length} positions; features start at {start}")
+        m = features[0].shape[1]
+        pos = torch.arange(start, start + m, device=features[0].device)[None]  # (1, m)
+        self.context = extend_context(self.context, d.context_kv(d.fuse(features), pos))
+        self.length = start + m
+
+    def prefill(self, input_ids: torch.Tensor, features: list[torch.Tensor], first_token: torch.Tensor) -> None:
+        self.context, self.length = None, 0
+        self._extend(features, 0)
+        self.root = first_token.reshape(1)
+
+    def accept(self, tokens: torch.Tensor, features: list[torch.Tensor], start: int) -> None:
+        """tokens (m+2,): accepted path (root first) then bonus; features [(m+1, H)] at the path."""
+        self._extend([f[None] for f in features], start)
+        self.root = tokens[-1:]
+
+    def root_logprobs(self) -> torch.Tensor:
+        pos = torch.tensor([self.length], device=self.root.device)
+        self.logp = self.drafter.draft_block(self.root, pos, self.context)[0]  # (bs - 1, Vd)
+        return self.logp[0]
+
+    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        return self.logp[depth].expand(tokens.numel(), -1)
+
+    def end_tree(self) -> None:
+        pass
+
+    def fork(self) -> DFlashProposer:
+        twin = copy.copy(self)
+        twin.context = None if self.context is None else list(self.context)  # extended by new lists only
+        return twin
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.drafter.draft_to_target_ids(draft_ids)
+
+
 def make_proposer(heads: HeadsBase, max_depth: int | None = None, calibrate: bool = True) -> Proposer:
     """The heads' proposer; with ``calibrate`` it carries the heads' calibration temperatures
     (``metadata["calibration"]``, none when absent), which rank dynamic-tree nodes."""
@@ -156,4 +216,6 @@ def make_proposer(heads: HeadsBase, max_depth: int | None = None, calibrate: boo
         return MedusaProposer(heads, temps)
     if isinstance(heads, (Eagle1Drafter, Eagle3Drafter)):
         return EagleProposer(heads, max_depth, temps)
+    if isinstance(heads, DFlashDrafter):
+        return DFlashProposer(heads, temps)
     raise TypeError(f"no proposer for {type(heads).__name__}")

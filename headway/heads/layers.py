@@ -148,3 +148,73 @@ def causal_mask(T: int, past: int, dtype: torch.dtype, device: torch.device) -> 
     q = torch.arange(T, device=device)[:, None] + past
     k = torch.arange(past + T, device=device)[None, :]
     return torch.zeros(T, past + T, dtype=dtype, device=device).masked_fill(k > q, torch.finfo(dtype).min)[None, None]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on one tensor (B, heads, T, hd) with cos/sin (B, T, hd) (keys alone: the block's context)."""
+    return apply_rotary_pos_emb(x, x, cos, sin)[1]
+
+
+class BlockAttention(nn.Module):
+    """DFlash attention: the block's queries attend to the target's context (keys and values
+    projected from the fused target features, cached across steps) and to the whole block.
+
+    Qwen3-style per-head RMSNorm on queries and keys (``qk_norm``), as the DFlash layers vLLM and
+    SGLang serve; keys are normed before RoPE."""
+
+    def __init__(self, g: LayerGeometry, qk_norm: bool = True) -> None:
+        super().__init__()
+        self.g = g
+        H, nh, nkv, hd = g.hidden_size, g.num_attention_heads, g.num_key_value_heads, g.head_dim
+        self.q_proj = nn.Linear(H, nh * hd, bias=g.attention_bias)
+        self.k_proj = nn.Linear(H, nkv * hd, bias=g.attention_bias)
+        self.v_proj = nn.Linear(H, nkv * hd, bias=g.attention_bias)
+        self.o_proj = nn.Linear(nh * hd, H, bias=False)
+        if qk_norm:
+            self.q_norm = LlamaRMSNorm(hd, eps=g.rms_norm_eps)
+            self.k_norm = LlamaRMSNorm(hd, eps=g.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, n: int, norm: str) -> torch.Tensor:
+        """(B, T, H) -> (B, n, T, hd), per-head normed when the layer has ``norm``."""
+        B, T, _ = x.shape
+        y = proj(x).view(B, T, n, self.g.head_dim)
+        if norm in self._modules:
+            y = self._modules[norm](y)
+        return y.transpose(1, 2)
+
+    def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """ctx (B, C, H) fused target features -> keys, values (B, nkv, C, hd), keys rotated."""
+        nkv = self.g.num_key_value_heads
+        k = rotate(self._heads(ctx, self.k_proj, nkv, "k_norm"), cos, sin)
+        return k, self._heads(ctx, self.v_proj, nkv, "")
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """x (B, Q, H) block tokens; ctx_k / ctx_v (B, nkv, C, hd); mask None: every query sees every
+        key (decoding: one block after its context), else float additive (B|1, 1, Q, C + Q)."""
+        g = self.g
+        B, Q, _ = x.shape
+        q = rotate(self._heads(x, self.q_proj, g.num_attention_heads, "q_norm"), cos, sin)  # (B, nh, Q, hd)
+        k = rotate(self._heads(x, self.k_proj, g.num_key_value_heads, "k_norm"), cos, sin)  # (B, nkv, Q, hd)
+        v = self._heads(x, self.v_proj, g.num_key_value_heads, "")
+        k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)  # (B, nkv, C + Q, hd)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
+                                           enable_gqa=g.num_key_value_heads != g.num_attention_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(B, Q, -1))  # (B, Q, H)
+
+
+class BlockDecoderLayer(nn.Module):
+    """A DFlash draft layer: pre-norm attention over (context, block) and an MLP. The context
+    (already ``hidden_norm``-ed by the drafter) goes straight into k_proj / v_proj."""
+
+    def __init__(self, g: LayerGeometry, qk_norm: bool = True) -> None:
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+        self.self_attn = BlockAttention(g, qk_norm)
+        self.post_attention_layernorm = LlamaRMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+        self.mlp = DraftMLP(g)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))

@@ -8,11 +8,12 @@ from typing import Any
 from torch import nn
 
 from .base import HeadsBase
+from .dflash import DFlashDrafter
 from .eagle import Eagle1Drafter, Eagle3Drafter
 from .files import HeadsError, read_config, resolve_checkpoint
 from .medusa import MedusaHeads
 
-HEAD_CLASSES: dict[str, type[HeadsBase]] = {c.kind: c for c in (MedusaHeads, Eagle1Drafter, Eagle3Drafter)}
+HEAD_CLASSES: dict[str, type[HeadsBase]] = {c.kind: c for c in (MedusaHeads, Eagle1Drafter, Eagle3Drafter, DFlashDrafter)}
 
 
 def heads_class(kind: str) -> type[HeadsBase]:

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from ..config import ConfigError, check_choice, opt
 from ..target import TargetArgs
 
-KINDS = ("medusa", "medusa2", "eagle1", "eagle3")
+KINDS = ("medusa", "medusa2", "eagle1", "eagle3", "dflash")
 SCHEDULES = ("cosine", "linear", "constant")
 PRECISIONS = ("no", "bf16", "fp16", "auto")
 TRACKERS = ("none", "wandb", "tensorboard")
@@ -145,9 +145,39 @@ class EagleOptions:
 
 
 @dataclass
+class DFlashOptions:
+    """DFlash block-drafter training options (owned by headway/train/dflash.py)."""
+
+    block_size: int = opt(8, "tokens per block: the anchor plus block_size - 1 drafts (the decoder's deepest draft)")
+    num_layers: int = opt(1, "draft decoder layers")
+    aux_layers: list[int] = opt(default_factory=list, help="fused target layers as HF hidden-state indices; empty = "
+                                                           "5 spread over the depth (headway features --layers dflash)")
+    mask_token_id: int | None = opt(None, "target token whose embedding fills the drafted slots; None = the least "
+                                          "used token of the training answers")
+    draft_vocab_size: int | None = opt(None, "own lm_head over the N most frequent answer tokens (initialised from "
+                                             "the target's rows, trained); None = the target's lm_head, shared")
+    anchors: int = opt(32, "blocks sampled per row per step (answer positions, seeded by step and batch)")
+    eval_anchors: int = opt(64, "blocks per row at evaluation (the earliest whose slots are all answer tokens)")
+    gamma: float = opt(4.0, "slot k's loss weight is exp(-(k-1)/gamma)")
+    hard_weight: float = opt(0.0, "weight of an extra cross-entropy to the target's argmax")
+    qk_norm: bool = opt(True, "per-head q/k RMSNorm (Qwen3-style, as vLLM's DFlash layers)")
+    argmax_from: str = opt("logits", "where training reads the target's argmax: logits, or data (greedy-distilled "
+                                     "data only; offline, only the draft vocabulary's lm_head rows are projected)",
+                           choices=("logits", "data"))
+
+    def __post_init__(self) -> None:
+        check_choice(self.argmax_from, ("logits", "data"), "dflash.argmax_from")
+        check_numbers(self, "dflash.", {"block_size": ">= 1", "num_layers": ">= 1", "aux_layers": ">= 0",
+                                        "mask_token_id": ">= 0", "draft_vocab_size": ">= 1", "anchors": ">= 1",
+                                        "eval_anchors": ">= 1", "gamma": "> 0", "hard_weight": ">= 0"})
+        if self.block_size < 2:
+            raise ConfigError(f"'dflash.block_size' must be >= 2 (the anchor and a draft), got {self.block_size}")
+
+
+@dataclass
 class TrainConfig(TargetArgs):
     kind: str = opt("medusa", "what to train: medusa (Medusa-1, frozen target), medusa2 (heads + LoRA on the "
-                              "target), eagle1, eagle3", choices=KINDS)
+                              "target), eagle1, eagle3, dflash (block drafter)", choices=KINDS)
     data: str = opt("", "distilled dataset folder (datasets Arrow with input_ids and loss_mask)")
     eval_data: str | None = opt(None, "held-out distilled dataset; None = split eval_fraction off `data`")
     eval_fraction: float = opt(0.05, "fraction of `data` (or of `features`' rows) held out for evaluation when "
@@ -155,8 +185,8 @@ class TrainConfig(TargetArgs):
     features: str | None = opt(None, "a `headway features` folder: train on its stored hidden states (offline "
                                      "mode) instead of running the target each step; only the target's lm_head "
                                      "runs, for EAGLE's soft labels. `data` may be left empty: the rows come from "
-                                     "the features' dataset. Medusa / EAGLE-1 need layer 'final', EAGLE-3 its "
-                                     "aux layers and 'final'; medusa2 cannot use features")
+                                     "the features' dataset. Medusa / EAGLE-1 need layer 'final', EAGLE-3 and "
+                                     "DFlash their aux layers and 'final'; medusa2 cannot use features")
     eval_features: str | None = opt(None, "held-out `headway features` folder for offline mode; None = eval_data "
                                           "if given (the target runs on it), else split eval_fraction off `features`")
     max_length: int = opt(1024, "rows longer than this many tokens are truncated")
@@ -198,6 +228,7 @@ class TrainConfig(TargetArgs):
     medusa: MedusaOptions = field(default_factory=MedusaOptions)
     lora: LoraOptions = field(default_factory=LoraOptions)
     eagle: EagleOptions = field(default_factory=EagleOptions)
+    dflash: DFlashOptions = field(default_factory=DFlashOptions)
 
     def __post_init__(self) -> None:
         check_choice(self.kind, KINDS, "kind")

@@ -159,9 +159,11 @@ def check_features_config(cfg: TrainConfig) -> None:
         raise TrainError(f"data={cfg.data} but features {cfg.features} were made from {dataset}; leave data empty "
                          "(the features' dataset is used) or make features of this data")
     # a moved features folder records its old dataset path: data= names the copy the vocabulary is counted on
-    if cfg.kind == "eagle3" and cfg.eagle.draft_vocab_size and not cfg.data and not Path(dataset).expanduser().exists():
-        raise TrainError(f"EAGLE-3's draft vocabulary is counted on the features' dataset {dataset}, which is not "
-                         "there; set data=PATH to a copy of it")
+    counted = cfg.kind == "eagle3" and cfg.eagle.draft_vocab_size or cfg.kind == "dflash" and (
+        cfg.dflash.draft_vocab_size or cfg.dflash.mask_token_id is None)
+    if counted and not cfg.data and not Path(dataset).expanduser().exists():
+        raise TrainError(f"the draft vocabulary (or DFlash's mask token) is counted on the features' dataset {dataset}, "
+                         "which is not there; set data=PATH to a copy of it")
 
 
 def features_manifest(key: str, path: str, kind: str = "") -> dict[str, Any]:
@@ -174,7 +176,7 @@ def features_manifest(key: str, path: str, kind: str = "") -> dict[str, Any]:
     if not folder.is_dir():
         raise TrainError(f"{key} folder not found: {path}")
     if (folder / "state.json").is_file():
-        layers = "eagle3 final" if kind == "eagle3" else "final"
+        layers = f"{kind} final" if kind in ("eagle3", "dflash") else "final"
         raise TrainError(f"{key}={path} is a dataset, not a features folder: use data={path}, or store its "
                          f"features with: headway features {path} --layers {layers} --output runs/features")
     try:
@@ -235,11 +237,16 @@ def check_features_target(key: str, path: str, target: nn.Module, cfg: TrainConf
 
 def wanted_layers(cfg: TrainConfig, target: nn.Module) -> list[str]:
     """The ``--layers`` of ``headway features`` this kind trains on (the lm_head reads ``final``)."""
-    if cfg.kind != "eagle3":
-        return ["final"]
-    from ..heads import default_aux_layers
+    L = int(target.config.num_hidden_layers)
+    if cfg.kind == "eagle3":
+        from ..heads import default_aux_layers
 
-    return [*map(str, cfg.eagle.aux_layers or default_aux_layers(int(target.config.num_hidden_layers))), "final"]
+        return [*map(str, cfg.eagle.aux_layers or default_aux_layers(L)), "final"]
+    if cfg.kind == "dflash":
+        from ..heads import default_context_layers
+
+        return [*map(str, cfg.dflash.aux_layers or default_context_layers(L)), "final"]
+    return ["final"]
 
 
 def check_features_keys(key: str, path: str, keys: Sequence[str], cfg: TrainConfig) -> None:

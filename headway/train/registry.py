@@ -5,6 +5,7 @@ config accepts, and every heads kind ``heads.load`` knows, has one."""
 
 from __future__ import annotations
 
+from .dflash import DFlashTask
 from .eagle import Eagle1Task, Eagle3Task
 from .tasks import Medusa2Task, MedusaTask, Task
 
@@ -13,6 +14,7 @@ TASKS: dict[str, type[Task]] = {
     "medusa2": Medusa2Task,
     "eagle1": Eagle1Task,
     "eagle3": Eagle3Task,
+    "dflash": DFlashTask,
 }
 
 __all__ = ["TASKS"]

@@ -1,0 +1,170 @@
+"""DFlash block drafter (Chen et al. 2026, arXiv 2602.06036): one call drafts a whole block.
+
+The target's hidden states at K layers are fused (``fc: K*H -> H``, then ``hidden_norm``) into a
+context that every draft layer reads as extra keys and values. A block is the last known token
+(the anchor, at position P) followed by B-1 copies of a mask token (positions P+1 .. P+B-1); one
+bidirectional pass over it, attending to the context of positions < P, gives at block slot k the
+drafter's distribution over the token at position P+k. Drafting cost is one call whatever the depth.
+
+Layers are Qwen3-style (per-head q/k norms, RoPE on the target's geometry) built from stock
+transformers parts, like the EAGLE drafters: ``heads/layers.py``. The target's embeddings are
+borrowed (frozen, never saved). Logits come from the drafter's ``norm`` then either the target's
+own lm_head (borrowed) or, with ``draft_vocab_size``, an own lm_head over a reduced draft
+vocabulary (``d2t`` / ``t2d``, EAGLE-3's format), initialised from the target's rows and trained.
+
+Context features are indexed as HF ``output_hidden_states`` (0 = embeddings, i = output of layer
+i-1); the reference implementation names the same layers by decoder-layer index (ours minus one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+from ..config import opt
+from ..feature_layers import dflash_layers
+from ..target import TargetInfo
+from .base import DraftVocab, HeadsBase, HeadsError
+from .layers import BlockDecoderLayer, LayerGeometry
+
+ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per draft layer: keys, values (B, nkv, C, hd)
+
+
+def default_context_layers(num_hidden_layers: int) -> list[int]:
+    """The fused layers of a drafter built without ``aux_layers`` (``feature_layers.dflash_layers``)."""
+    try:
+        return dflash_layers(num_hidden_layers)
+    except ValueError as e:
+        raise HeadsError(str(e)) from None
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int = opt(help="target hidden size")
+    vocab_size: int = opt(help="target vocabulary size")
+    block_size: int = opt(8, "tokens per block: the anchor plus block_size - 1 drafted tokens")
+    num_layers: int = opt(1, "draft decoder layers")
+    aux_layers: list[int] = opt(default_factory=list, help="HF hidden-state indices of the fused target layers")
+    mask_token_id: int = opt(0, "target token whose embedding fills the block's drafted slots")
+    draft_vocab_size: int | None = opt(None, "own lm_head over this many target tokens (d2t / t2d say which); "
+                                             "None = the target's own lm_head, shared and frozen")
+    qk_norm: bool = opt(True, "per-head RMSNorm on queries and keys (Qwen3-style, as vLLM's DFlash layers)")
+    layer: LayerGeometry = field(default_factory=lambda: LayerGeometry(0, 0, 1, 1, 1))
+
+    def __post_init__(self) -> None:
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (the anchor and at least one draft); got {self.block_size}")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1; got {self.num_layers}")
+        if not self.aux_layers:
+            raise ValueError("DFlash fuses at least one target layer; aux_layers is empty")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id must be a target token id in 0..{self.vocab_size - 1}; "
+                             f"got {self.mask_token_id}")
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..{self.vocab_size}; got {self.draft_vocab_size}")
+
+
+class DFlashDrafter(DraftVocab, HeadsBase):
+    kind = "dflash"
+    config_class = DFlashConfig
+
+    def __init__(self, config: DFlashConfig, target_info: TargetInfo | None = None) -> None:
+        super().__init__(config, target_info)
+        H, g = config.hidden_size, config.layer
+        self.fc = nn.Linear(len(config.aux_layers) * H, H, bias=False)
+        self.hidden_norm = LlamaRMSNorm(H, eps=g.rms_norm_eps)
+        self.layers = nn.ModuleList(BlockDecoderLayer(g, config.qk_norm) for _ in range(config.num_layers))
+        self.norm = LlamaRMSNorm(H, eps=g.rms_norm_eps)
+        if config.draft_vocab_size is not None:
+            self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
+            self._init_draft_vocab(config.draft_vocab_size, config.vocab_size)
+        self.rotary = LlamaRotaryEmbedding(g.llama_config())  # inv_freq is a non-persistent buffer
+        self.feature_layers = list(config.aux_layers)
+
+    @classmethod
+    def for_target(cls, target: nn.Module, mask_token_id: int, block_size: int = 8, num_layers: int = 1,
+                   aux_layers: list[int] | None = None, draft_vocab: torch.Tensor | None = None,
+                   qk_norm: bool = True) -> "DFlashDrafter":
+        """A fresh drafter for ``target``; ``draft_vocab`` (target ids) gives it an own lm_head over
+        those tokens, initialised from the target's rows."""
+        g = LayerGeometry.from_target(target.config)
+        V = int(target.get_output_embeddings().weight.shape[0])
+        layers = aux_layers or default_context_layers(int(target.config.num_hidden_layers))
+        cfg = DFlashConfig(hidden_size=g.hidden_size, vocab_size=V, block_size=block_size, num_layers=num_layers,
+                           aux_layers=list(layers), mask_token_id=int(mask_token_id), qk_norm=qk_norm, layer=g,
+                           draft_vocab_size=None if draft_vocab is None else int(torch.as_tensor(draft_vocab).numel()))
+        heads = cls(cfg, TargetInfo.of(target)).to(target.get_output_embeddings().weight.device)
+        if draft_vocab is not None:
+            heads.set_draft_vocab(draft_vocab)
+            W = target.get_output_embeddings().weight  # (V, H)
+            with torch.no_grad():
+                heads.lm_head.weight.copy_(W[heads.draft_token_ids().to(W.device)].to(heads.lm_head.weight))
+        return heads.attach(target)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.config.draft_vocab_size or self.config.vocab_size
+
+    # -- the forward pieces -------------------------------------------------------------------
+    def fuse(self, target_features: list[torch.Tensor]) -> torch.Tensor:
+        """K target layers' states, each (B, C, H) -> the normed context (B, C, H)."""
+        return self.hidden_norm(self.fc(torch.cat(target_features, dim=-1).to(self.fc.weight.dtype)))
+
+    def context_kv(self, context: torch.Tensor, position_ids: torch.Tensor) -> ContextKV:
+        """context (B, C, H) from ``fuse`` at positions (B|1, C) -> every layer's keys and values."""
+        cos, sin = self.rotary(context, position_ids)
+        return [layer.self_attn.context_kv(context, cos, sin) for layer in self.layers]
+
+    def block_embeddings(self, anchors: torch.Tensor) -> torch.Tensor:
+        """anchors (B, n) token ids -> (B, n * block_size, H): each anchor's embedding then
+        block_size - 1 mask-token embeddings."""
+        B, n = anchors.shape
+        ids = torch.full((B, n, self.block_size), self.config.mask_token_id, dtype=torch.long, device=anchors.device)
+        ids[:, :, 0] = anchors
+        return self.target_embed(ids.view(B, -1)).to(self.fc.weight.dtype)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, context: ContextKV,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, Q, H) block embeddings at positions (B|1, Q); context from ``context_kv``; mask None
+        (every query sees every context entry and the whole block) or float additive (B|1, 1, Q, C + Q)
+        -> pre-norm outputs (B, Q, H)."""
+        cos, sin = self.rotary(x, position_ids)
+        for layer, (k, v) in zip(self.layers, context):
+            x = layer(x, cos, sin, k, v, mask)
+        return x
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """(B, Q, H) -> (B, Q, Vd): the final norm, then the own draft-vocabulary lm_head or the target's."""
+        h = self.norm(h)
+        if self.has_draft_vocab:
+            return self.lm_head(h)
+        lm = self.target_lm_head
+        return lm(h.to(lm.weight.dtype))
+
+    draft_logits = logits  # the same in every mode
+    draft_to_target_ids = DraftVocab.to_target_ids
+
+    def draft_block(self, anchor: torch.Tensor, position: torch.Tensor, context: ContextKV) -> torch.Tensor:
+        """One block per row: anchor (B,) tokens at positions (B,), context entries of every earlier
+        position -> log-probs (B, block_size - 1, Vd) over the tokens at position + 1 .. + block_size - 1."""
+        x = self.block_embeddings(anchor[:, None])  # (B, bs, H)
+        pos = position[:, None] + torch.arange(self.block_size, device=anchor.device)  # (B, bs)
+        out = self(x, pos, context)[:, 1:]  # (B, bs - 1, H)
+        return F.log_softmax(self.logits(out).float(), dim=-1)
+
+
+def extend_context(context: ContextKV | None, new: ContextKV) -> ContextKV:
+    """Append the keys and values of new positions to each layer's (a new list; tensors are never
+    written in place, so a copy of the list is an independent context)."""
+    if context is None:
+        return new
+    return [(torch.cat([k, k2], dim=2), torch.cat([v, v2], dim=2)) for (k, v), (k2, v2) in zip(context, new)]

@@ -1,0 +1,242 @@
+"""DFlash block-drafter training (the ``Task`` interface of tasks.py) and its pure pieces.
+
+Per row, anchors are sampled from the answer: positions a whose token is an answer token and whose
+next token is one too. Block j is [x_a, mask, ..., mask] at positions a .. a+bs-1; it attends to
+the fused target context of positions < a and bidirectionally inside itself (``block_mask``), all
+blocks of a row in one drafter call. Slot k (1 .. bs-1) is scored against the target's distribution
+over the token at a+k (its logits at a+k-1), where that token is an answer token, with weight
+exp(-(k-1)/gamma): early slots decide acceptance, so they weigh most (the DFlash paper's schedule).
+
+Evaluation drafts a block at every sampled anchor whose whole block is answer tokens and counts the
+drafts accepted greedily in a row (against the target's argmax and against the data), as the
+decoder's chain verification would: ``tau`` = 1 + mean accepted, comparable with EAGLE's simulated
+chains (``tau_by_depth[d-1]`` cuts the same blocks at depth d).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..heads import DFlashDrafter, HeadsBase
+from .batch import TargetBatch
+from .calibration import calibration_sums, summarize_calibration
+from .config import TrainConfig
+from .draft_vocab import answer_draft_vocab, draft_vocab_counts
+from .eagle import _EagleTask, noise_seed
+from .ttt import acceptance_stats, shift_left, summarize_acceptance
+
+
+def anchor_candidates(loss_mask: Tensor, block_size: int, whole: bool = False) -> Tensor:
+    """(B, T) bool: where a block may start. An answer token followed by an answer token; with
+    ``whole``, by block_size - 1 of them (evaluation: every draft of the block has a label)."""
+    m = loss_mask.bool()
+    ok = m & shift_left(m, 1, False)
+    if whole:
+        for k in range(2, block_size):
+            ok &= shift_left(m, k, False)
+    return ok
+
+
+def select_anchors(candidates: Tensor, n: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """Up to ``n`` anchors per row, uniformly among ``candidates`` (B, T) -> (anchors (B, n') long,
+    valid (B, n') bool), n' = min(n, T), sorted by position; rows with fewer candidates are padded
+    with invalid anchors at position 0. ``generator`` None takes the first n candidates."""
+    B, T = candidates.shape
+    n = min(n, T)
+    if generator is None:  # earliest first: a score falling with the position
+        score = -torch.arange(T, dtype=torch.float32, device=candidates.device).expand(B, T)
+    else:
+        score = torch.rand(B, T, generator=generator, device=generator.device).to(candidates.device)
+    score = score.masked_fill(~candidates, -math.inf)  # (B, T)
+    top = score.topk(n, dim=1)
+    valid = torch.isfinite(top.values)  # (B, n)
+    anchors = torch.where(valid, top.indices, torch.zeros_like(top.indices))
+    order = anchors.masked_fill(~valid, T).argsort(dim=1)  # valid anchors first, by position
+    return anchors.gather(1, order), valid.gather(1, order)
+
+
+def block_positions(anchors: Tensor, block_size: int) -> Tensor:
+    """anchors (B, n) -> (B, n * bs): the positions of every block's slots."""
+    B, n = anchors.shape
+    return (anchors[:, :, None] + torch.arange(block_size, device=anchors.device)).reshape(B, n * block_size)
+
+
+def block_mask(anchors: Tensor, T: int, block_size: int, dtype: torch.dtype) -> Tensor:
+    """Float additive (B, 1, n*bs, T + n*bs): block j's queries see context positions < anchor j
+    and every slot of block j (bidirectional), nothing else."""
+    B, n = anchors.shape
+    Q = n * block_size
+    dev = anchors.device
+    owner = torch.arange(Q, device=dev) // block_size  # (Q,) the block each query belongs to
+    ctx = torch.arange(T, device=dev)[None, None] < anchors.repeat_interleave(block_size, dim=1)[:, :, None]  # (B, Q, T)
+    own = (owner[:, None] == owner[None, :]).expand(B, Q, Q)  # (B, Q, Q)
+    visible = torch.cat([ctx, own], dim=2)
+    return torch.zeros(B, 1, Q, T + Q, dtype=dtype, device=dev).masked_fill(~visible[:, None], torch.finfo(dtype).min)
+
+
+def draft_blocks(drafter: DFlashDrafter, input_ids: Tensor, context: Tensor, anchors: Tensor) -> Tensor:
+    """Every block of every row in one call: input_ids (B, T), context (B, T, H) = drafter.fuse(...),
+    anchors (B, n) -> drafter outputs (B, n, bs, H) (slot 0 is the anchor's own, never scored)."""
+    B, T = input_ids.shape
+    bs = drafter.block_size
+    ctx = drafter.context_kv(context, torch.arange(T, device=input_ids.device)[None])
+    x = drafter.block_embeddings(input_ids.gather(1, anchors))  # (B, n * bs, H)
+    mask = block_mask(anchors, T, bs, x.dtype)
+    out = drafter(x, block_positions(anchors, bs), ctx, mask)  # (B, n * bs, H)
+    return out.view(B, anchors.shape[1], bs, -1)
+
+
+def slot_labels(anchors: Tensor, valid: Tensor, loss_mask: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
+    """(positions (B, n, bs-1) of the tokens slots 1.. predict, clamped into the row; labelled
+    (B, n, bs-1) bool: the anchor is valid and that token is an answer token of the row)."""
+    T = loss_mask.shape[1]
+    pos = anchors[:, :, None] + torch.arange(1, block_size, device=anchors.device)  # (B, n, bs-1)
+    inside = pos < T
+    pos = pos.clamp(max=T - 1)
+    labelled = valid[:, :, None] & inside & loss_mask.bool().gather(1, pos.flatten(1)).view_as(pos)
+    return pos, labelled
+
+
+def dflash_loss(drafter: DFlashDrafter, input_ids: Tensor, context: Tensor, target_logits: Tensor,
+                target_top: Tensor, loss_mask: Tensor, anchors: Tensor, valid: Tensor, gamma: float = 4.0,
+                hard_weight: float = 0.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """Σ_k w_k · CE_k / labelled slots, w_k = exp(-(k-1)/gamma), CE_k the soft cross-entropy of slot
+    k against the target's distribution over the draft vocabulary (renormalised there), plus
+    ``hard_weight`` times a CE to the target's argmax. target_logits (B, T, R) over the draft
+    vocabulary's rows in draft order (R = Vd), target_top (B, T) the target's argmax in target ids;
+    slots whose argmax the draft vocabulary cannot express are left out (as EAGLE-3's loss)."""
+    bs = drafter.block_size
+    out = draft_blocks(drafter, input_ids, context, anchors)[:, :, 1:]  # (B, n, bs-1, H)
+    pos, labelled = slot_labels(anchors, valid, loss_mask, bs)
+    prev = pos - 1  # the target's logits at the position before a slot's token
+    top = target_top.gather(1, prev.flatten(1)).view_as(prev)  # (B, n, bs-1) target ids
+    if drafter.has_draft_vocab:
+        labelled = labelled & drafter.t2d[top]
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None, None].expand_as(prev)
+    n = labelled.sum()
+    logq = F.log_softmax(drafter.logits(out[labelled]).float(), dim=-1)  # (N, Vd)
+    p = F.softmax(target_logits[rows[labelled], prev[labelled]].float(), dim=-1)  # (N, Vd)
+    ce = -(p * logq).sum(-1)  # (N,)
+    k = torch.arange(1, bs, device=out.device).expand_as(prev)[labelled]  # (N,) slot of each row
+    w = torch.exp(-(k - 1).float() / gamma)
+    per_slot = ce
+    top_draft = drafter.to_draft_ids(top[labelled], missing=0)  # (N,)
+    if hard_weight:
+        per_slot = ce + hard_weight * F.nll_loss(logq, top_draft, reduction="none")
+    loss = (w * per_slot).sum() / n.clamp(min=1)
+    hit = logq.argmax(-1) == top_draft  # (N,)
+    metrics: dict[str, Tensor] = {"ce": ce.sum().detach() / n.clamp(min=1), "acc": hit.sum().float() / n.clamp(min=1)}
+    for j in (1, bs - 1):
+        at = k == j
+        metrics[f"acc_slot{j}"] = (hit & at).sum().float() / at.sum().clamp(min=1)
+    return loss, metrics
+
+
+@torch.no_grad()
+def block_eval_sums(drafter: DFlashDrafter, tb: TargetBatch, context: Tensor, target_top: Tensor,
+                    anchors: int) -> dict[str, Tensor]:
+    """Fixed-shape sums over the first ``anchors`` whole-block anchors of each row: ``accept_hist``
+    (greedy chain against the data's tokens), ``accept_hist_greedy`` (against the target's argmax),
+    ``top1_hits`` per slot (against the data), ``starts``, and the ``calib_*`` sums by depth."""
+    bs = drafter.block_size
+    a, valid = select_anchors(anchor_candidates(tb.loss_mask, bs, whole=True), anchors)
+    out = draft_blocks(drafter, tb.input_ids, context, a)[:, :, 1:]  # (B, n, bs-1, H)
+    pos, _ = slot_labels(a, valid, tb.loss_mask, bs)
+    logits = drafter.logits(out[valid]).float()  # (N, bs-1, Vd)
+    draft = drafter.to_target_ids(logits.argmax(-1))  # (N, bs-1)
+    data = tb.input_ids.gather(1, pos.flatten(1)).view_as(pos)[valid]  # (N, bs-1) the data's tokens
+    top = target_top.gather(1, (pos - 1).flatten(1)).view_as(pos)[valid]  # (N, bs-1) the target's argmax
+    depth = bs - 1
+    ones = torch.ones(draft.shape[0], dtype=torch.bool, device=draft.device)
+
+    def hist(label: Tensor) -> Tensor:
+        accepted = (draft == label).long().cumprod(dim=1).sum(dim=1)  # (N,)
+        return acceptance_stats(accepted, ones, depth)["accept_hist"]
+
+    ids = drafter.to_draft_ids(data)  # (N, bs-1) -1 outside the draft vocabulary
+    calib = calibration_sums([logits[:, j] for j in range(depth)], [ids[:, j] for j in range(depth)])
+    return {"accept_hist": hist(data), "accept_hist_greedy": hist(top),
+            "top1_hits": (draft == data).sum(0).float(), "starts": valid.sum().float().reshape(1), **calib}
+
+
+def summarize_blocks(stats: dict[str, Tensor]) -> dict[str, Any]:
+    """Summed eval stats -> tau (against the data and the target's argmax), acceptance and top-1 by
+    slot, calibration by depth."""
+    out: dict[str, Any] = dict(summarize_acceptance(stats))
+    greedy = summarize_acceptance({"accept_hist": stats["accept_hist_greedy"]})
+    n = float(stats["starts"].sum().clamp(min=1))
+    for key in ("tau", "mean_accepted"):
+        if key in out:
+            out[key] = round(out[key], 4)
+    out["accept_rate_by_depth"] = [round(x, 4) for x in out["accept_rate_by_depth"]]
+    out["tau_by_depth"] = [round(x, 4) for x in out.get("tau_by_depth", [])]
+    out["accept_hist"] = [int(x) for x in stats["accept_hist"]]
+    out["top1"] = [round(float(x) / n, 4) for x in stats["top1_hits"]]
+    out["tau_greedy"] = round(greedy["tau"], 4)
+    out["accept_rate_by_depth_greedy"] = [round(x, 4) for x in greedy["accept_rate_by_depth"]]
+    if "calib_count" in stats:
+        out["calibration"] = summarize_calibration(stats)
+    return out
+
+
+def least_used_token(counts: Tensor) -> int:
+    """The mask token when none is given: the target token the training answers use least (the
+    highest such id), so that a real anchor token rarely shares its embedding."""
+    low = counts.min()
+    return int((counts == low).nonzero().max())
+
+
+class DFlashTask(_EagleTask):
+    """DFlash: a block of ``block_size`` drafted in one bidirectional pass over fused target layers.
+    Shares the EAGLE tasks' plumbing (frozen target, soft labels over the draft vocabulary, offline
+    logits of only the rows the loss reads, ``argmax_from``)."""
+
+    kind = "dflash"
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.opts = cfg.dflash
+
+    def build(self, target: nn.Module) -> HeadsBase:
+        o = self.opts
+        V = int(target.get_output_embeddings().weight.shape[0])
+        ids, info = answer_draft_vocab(self.cfg, V, o.draft_vocab_size)
+        mask_id, mask_from = o.mask_token_id, "config"
+        if mask_id is None:
+            counts = draft_vocab_counts(self.cfg.data, V) if self.cfg.data else torch.zeros(V)
+            mask_id, mask_from = least_used_token(counts), "least used answer token"
+        heads = DFlashDrafter.for_target(target, mask_token_id=mask_id, block_size=o.block_size,
+                                         num_layers=o.num_layers, aux_layers=list(o.aux_layers) or None,
+                                         draft_vocab=ids, qk_norm=o.qk_norm)
+        heads.metadata["draft_vocab"] = info | ({"lm_head_init": "target lm_head rows"} if ids is not None else
+                                                {"lm_head": "the target's (shared, frozen)"})
+        heads.metadata["mask_token"] = {"id": mask_id, "chosen_by": mask_from}
+        self.check_data()
+        return heads
+
+    def anchors(self, tb: TargetBatch, step: int) -> tuple[Tensor, Tensor]:
+        """This step's anchors: a pure function of (seed, step, batch), so a resumed run draws the same."""
+        dev = tb.input_ids.device
+        g = torch.Generator(device=dev).manual_seed(noise_seed(self.cfg.seed, step, tb.input_ids))
+        return select_anchors(anchor_candidates(tb.loss_mask, self.opts.block_size), self.opts.anchors, g)
+
+    def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
+        logits, top = self.targets(heads, tb)
+        anchors, valid = self.anchors(tb, step)
+        return dflash_loss(heads, tb.input_ids, self.hidden(heads, tb), logits, top, tb.loss_mask, anchors, valid,
+                           gamma=self.opts.gamma, hard_weight=self.opts.hard_weight)
+
+    def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
+        top = tb.top if tb.top is not None else tb.logits.argmax(-1)  # (B, T) the target's argmax
+        return block_eval_sums(heads, tb, self.hidden(heads, tb), top, self.opts.eval_anchors)
+
+    def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
+        return summarize_blocks(stats)
+
+
+__all__ = ["DFlashTask", "block_eval_sums", "block_mask", "dflash_loss", "select_anchors", "summarize_blocks"]
