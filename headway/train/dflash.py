@@ -42,22 +42,31 @@ def anchor_candidates(loss_mask: Tensor, block_size: int, whole: bool = False) -
     return ok
 
 
-def select_anchors(candidates: Tensor, n: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-    """Up to ``n`` anchors per row, uniformly among ``candidates`` (B, T) -> (anchors (B, n') long,
-    valid (B, n') bool), n' = min(n, T), sorted by position; rows with fewer candidates are padded
-    with invalid anchors at position 0. ``generator`` None takes the first n candidates."""
+def select_anchors(candidates: Tensor, n: int, scores: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The ``n`` best-scoring ``candidates`` (B, T) of each row -> (anchors (B, n') long, valid (B, n')
+    bool), n' = min(n, T), sorted by position; rows with fewer candidates are padded with invalid
+    anchors at position 0. ``scores`` (B, T): uniform draws give a uniform sample; None takes the
+    earliest candidates."""
     B, T = candidates.shape
     n = min(n, T)
-    if generator is None:  # earliest first: a score falling with the position
-        score = -torch.arange(T, dtype=torch.float32, device=candidates.device).expand(B, T)
-    else:
-        score = torch.rand(B, T, generator=generator, device=generator.device).to(candidates.device)
-    score = score.masked_fill(~candidates, -math.inf)  # (B, T)
-    top = score.topk(n, dim=1)
+    if scores is None:  # earliest first: a score falling with the position
+        scores = -torch.arange(T, dtype=torch.float32, device=candidates.device).expand(B, T)
+    top = scores.masked_fill(~candidates, -math.inf).topk(n, dim=1)
     valid = torch.isfinite(top.values)  # (B, n)
     anchors = torch.where(valid, top.indices, torch.zeros_like(top.indices))
     order = anchors.masked_fill(~valid, T).argsort(dim=1)  # valid anchors first, by position
     return anchors.gather(1, order), valid.gather(1, order)
+
+
+def row_draws(input_ids: Tensor, attention_mask: Tensor, seed: int, step: int) -> Tensor:
+    """(B, T) uniform draws, row b's a pure function of (seed, step, its own tokens): a row gets the
+    same anchors in any batch, on any number of processes, and after a resume."""
+    out = torch.empty(input_ids.shape, dtype=torch.float32)
+    for b in range(input_ids.shape[0]):
+        row = input_ids[b][attention_mask[b].bool()]
+        g = torch.Generator().manual_seed(noise_seed(seed, step, row))
+        out[b] = torch.rand(input_ids.shape[1], generator=g)
+    return out.to(input_ids.device)
 
 
 def block_positions(anchors: Tensor, block_size: int) -> Tensor:
@@ -220,10 +229,10 @@ class DFlashTask(_EagleTask):
         return heads
 
     def anchors(self, tb: TargetBatch, step: int) -> tuple[Tensor, Tensor]:
-        """This step's anchors: a pure function of (seed, step, batch), so a resumed run draws the same."""
-        dev = tb.input_ids.device
-        g = torch.Generator(device=dev).manual_seed(noise_seed(self.cfg.seed, step, tb.input_ids))
-        return select_anchors(anchor_candidates(tb.loss_mask, self.opts.block_size), self.opts.anchors, g)
+        """This step's anchors: each row's a pure function of (seed, step, row), so resumed and
+        multi-process runs draw the same."""
+        draws = row_draws(tb.input_ids, tb.attention_mask, self.cfg.seed, step)
+        return select_anchors(anchor_candidates(tb.loss_mask, self.opts.block_size), self.opts.anchors, draws)
 
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         logits, top = self.targets(heads, tb)
@@ -239,4 +248,5 @@ class DFlashTask(_EagleTask):
         return summarize_blocks(stats)
 
 
-__all__ = ["DFlashTask", "block_eval_sums", "block_mask", "dflash_loss", "select_anchors", "summarize_blocks"]
+__all__ = ["DFlashTask", "block_eval_sums", "block_mask", "dflash_loss", "row_draws", "select_anchors",
+           "summarize_blocks"]
