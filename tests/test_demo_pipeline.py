@@ -18,7 +18,7 @@ def fake_target(tmp_path, layers: int, vocab: int = 8192):
 
 def test_the_demo_recipes_are_found_in_the_repository():
     assert (CONFIGS / "demo-eagle3.yaml").is_file()
-    for name in ("distill-demo.yaml", "demo-medusa.yaml", "demo-eagle1.yaml", "demo-eagle3.yaml"):
+    for name in ("distill-demo.yaml", "demo-medusa.yaml", "demo-eagle1.yaml", "demo-eagle3.yaml", "demo-dflash.yaml"):
         assert recipe(name) == CONFIGS / name
 
 
@@ -37,6 +37,10 @@ def test_each_kind_trains_with_its_recipe(tmp_path):
     assert eagle3.target == str(target) and eagle3.output_dir == str(tmp_path / "out")
     for kind in ("medusa", "eagle1"):
         assert train_config(DemoConfig(), kind, target, tmp_path / "data", tmp_path / "out").kind == kind
+    dflash = train_config(DemoConfig(), "dflash", target, tmp_path / "data", tmp_path / "out")
+    assert dflash.kind == "dflash" and dflash.epochs == 4 and dflash.dflash.block_size == 8
+    assert dflash.dflash.aux_layers == [2, 3, 4, 5, 6] and dflash.dflash.draft_vocab_size == 2048
+    assert "dflash" in DemoConfig().kinds
 
 
 def test_quick_runs_keep_the_recipe_but_fit_a_shallow_target(tmp_path):
@@ -46,3 +50,5 @@ def test_quick_runs_keep_the_recipe_but_fit_a_shallow_target(tmp_path):
     quick = train_config(DemoConfig(quick=True), "eagle3", tiny, tmp_path / "d", tmp_path / "o")
     assert quick.max_steps == 60 and quick.eagle.draft_vocab_size == 256  # a quarter, as the recipe's 2048 of 8192
     assert quick.eagle.aux_layers == []  # [2, 4, 5] names layers a 4-layer target lacks: the default instead
+    block = train_config(DemoConfig(quick=True), "dflash", tiny, tmp_path / "d", tmp_path / "o")
+    assert block.dflash.aux_layers == [] and block.dflash.draft_vocab_size == 256

@@ -60,7 +60,7 @@ class Run:
 
 class Method(Protocol):
     name: str
-    kind: str  # hf_generate | hf_weight_major | hf_assisted | hf_prompt_lookup | medusa | eagle1 | eagle3
+    kind: str  # hf_generate | hf_weight_major | hf_assisted | hf_prompt_lookup | medusa | eagle1 | eagle3 | dflash
     tree: str | None
     draft_depth: int  # deepest draft token a step can accept (0: no drafts)
     heads_path: str | None  # the heads checkpoint (None for the HF baselines)

@@ -20,7 +20,7 @@ JSON schema ``headway.bench/1`` (one object; every time is in seconds, every siz
   target makes acceptance meaningless)
 - ``process_peak_rss_bytes``: the whole process's RSS high-water mark (``resource``), or null
 - ``methods``: one object per (method, temperature):
-  ``name``, ``kind`` (hf_generate | hf_weight_major | hf_assisted | hf_prompt_lookup | medusa | eagle1 | eagle3),
+  ``name``, ``kind`` (hf_generate | hf_weight_major | hf_assisted | hf_prompt_lookup | medusa | eagle1 | eagle3 | dflash),
   ``tree`` (tree spec, null for baselines), ``heads`` (checkpoint path, null for baselines),
   ``temperature``, ``lossless`` (true: the output distribution is the target's),
   ``tokens_per_s`` (median over repeats of total tokens / total time over the prompts),

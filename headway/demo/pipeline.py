@@ -1,7 +1,7 @@
 """``headway demo``: the whole pipeline on the embedded default, in one run folder.
 
 build (or reuse) the demo target -> distil answers to its training prompts -> train Medusa,
-EAGLE-1 and EAGLE-3 heads with the demo recipes -> bench them against HF baselines on held-out
+EAGLE-1, EAGLE-3 and DFlash heads with the demo recipes -> bench them against HF baselines on held-out
 prompts. Every stage writes under ``run_dir`` and is skipped when its output already exists,
 so a rerun (or a resumed interrupted run) only does what is missing.
 """
@@ -28,7 +28,7 @@ def recipe(name: str) -> Path:
         raise HeadwayError(f"demo recipe {path} not found: `headway demo` runs from a clone of the repository, "
                            "whose configs/ holds its recipes")
     return path
-KINDS = ("medusa", "eagle1", "eagle3")
+KINDS = ("medusa", "eagle1", "eagle3", "dflash")
 
 
 @dataclass
@@ -118,10 +118,10 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
 
 
 def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path) -> Any:
-    """The kind's demo recipe, pointed at this run's target, data and folder. EAGLE-3's recipe names
-    aux layers of the 8-layer demo target and a draft vocabulary of a quarter of its 8,192 tokens; a
-    shallower target (--quick's tiny one) gets the default layers, and a smaller vocabulary a quarter
-    of its own."""
+    """The kind's demo recipe, pointed at this run's target, data and folder. The EAGLE-3 and DFlash
+    recipes name aux layers of the 8-layer demo target and a draft vocabulary of a quarter of its 8,192
+    tokens; a shallower target (--quick's tiny one) gets the default layers, and a smaller vocabulary a
+    quarter of its own."""
     from ..target import load_config_only
     from ..train.config import TrainConfig
 
@@ -133,11 +133,12 @@ def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path
     tc = load_config(TrainConfig, recipe(f"demo-{kind}.yaml"), overrides)
     target_cfg = load_config_only(str(target), None, False)
     layers = getattr(target_cfg, "num_hidden_layers", None)
-    if tc.eagle.aux_layers and layers is not None and max(tc.eagle.aux_layers) >= layers:
-        tc.eagle.aux_layers = []  # the default for this depth
     vocab = getattr(target_cfg, "vocab_size", None)
-    if tc.eagle.draft_vocab_size and vocab is not None and tc.eagle.draft_vocab_size > vocab:
-        tc.eagle.draft_vocab_size = max(1, vocab // 4)  # the recipe's share of this vocabulary
+    for opts in (tc.eagle, tc.dflash):
+        if opts.aux_layers and layers is not None and max(opts.aux_layers) >= layers:
+            opts.aux_layers = []  # the default for this depth
+        if opts.draft_vocab_size and vocab is not None and opts.draft_vocab_size > vocab:
+            opts.draft_vocab_size = max(1, vocab // 4)  # the recipe's share of this vocabulary
     return tc
 
 
