@@ -11,7 +11,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from headway.cli import main
-from headway.heads import Eagle1Drafter, Eagle3Drafter, HeadsError, MedusaHeads
+from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsError, MedusaHeads
 from headway.heads.export import EXPORTERS, export_heads
 from headway.heads.hub import HubError, push_heads
 from headway.heads.importers import import_heads
@@ -41,6 +41,9 @@ def make(kind: str, target, draft_vocab: bool):
                                                  draft_vocab=ids if draft_vocab else None))
     if kind == "eagle1":
         return randomized(Eagle1Drafter.for_target(target))
+    if kind == "dflash":
+        return randomized(DFlashDrafter.for_target(target, mask_token_id=4, block_size=4, aux_layers=[1, 3],
+                                                   draft_vocab=ids if draft_vocab else None))
     heads = randomized(Eagle3Drafter.for_target(target, draft_vocab_size=100, aux_layers=[1, 2, 3]))
     heads.set_draft_vocab(ids)
     return heads
@@ -50,7 +53,7 @@ def make(kind: str, target, draft_vocab: bool):
 CASES = [("medusa", "vllm", False), ("medusa", "vllm", True), ("medusa", "trtllm", False),
          ("eagle1", "vllm", False), ("eagle1", "sglang", False),
          ("eagle3", "vllm", True), ("eagle3", "sglang", True), ("eagle3", "trtllm", True),
-         ("eagle3", "speculators", True)]
+         ("eagle3", "speculators", True), ("dflash", "vllm", False), ("dflash", "speculators", True)]
 
 
 def test_the_cases_cover_every_exporter():

@@ -1,8 +1,8 @@
 """Engine exports (design.md §4): native heads -> folders that vLLM, SGLang, TensorRT-LLM and the
 speculators format load.
 
-The converters live in ``export_layouts.py`` (engine facts and spec tables) and
-``export_speculators.py``; this module picks one per (kind, format), reads the heads, and writes
+The converters live in ``export_layouts.py`` (engine facts and spec tables),
+``export_speculators.py`` and ``dflash_formats.py``; this module picks one per (kind, format), reads the heads, and writes
 the folder beside ``out`` under a temporary name, renamed into place: an error leaves no
 half-written export (and an existing one untouched).
 """
@@ -23,6 +23,7 @@ from .configs import ExportConfig  # noqa: F401  (re-exported)
 from .export_layouts import (DTYPES, FORMATS, Export, ExportError, Spec, check_tensors,  # noqa: F401 (re-exported)
                              eagle1_sglang, eagle1_vllm, eagle3_sglang, eagle3_trtllm, eagle3_vllm, engine_aux_layers,
                              medusa_trtllm, medusa_vllm, native_spec)
+from .dflash_formats import dflash_speculators, dflash_vllm
 from .export_speculators import eagle3_speculators, why_not
 
 Exporter = Callable[[dict[str, Any], dict[str, torch.Tensor], "torch.Tensor | None", str], Export]
@@ -31,6 +32,7 @@ EXPORTERS: dict[tuple[str, str], Exporter] = {
     ("eagle1", "vllm"): eagle1_vllm, ("eagle1", "sglang"): eagle1_sglang,
     ("eagle3", "vllm"): eagle3_vllm, ("eagle3", "sglang"): eagle3_sglang, ("eagle3", "trtllm"): eagle3_trtllm,
     ("eagle3", "speculators"): eagle3_speculators,
+    ("dflash", "vllm"): dflash_vllm, ("dflash", "speculators"): dflash_speculators,
 }
 
 

@@ -14,6 +14,8 @@ from the tensor names, never from the config (the reference's config has been wr
 ``config.json`` (``model_type: medusa``, ``truncated_vocab_size``) and ``model.safetensors`` with
 ``blocks.{h}.layers.{l}.weight/bias``, ``lm_heads.{h}.weight`` and, for a reduced vocabulary,
 ``token_map`` (draft id i -> target id). Counts are again read from the tensor names.
+
+**DFlash** (the published layout and the speculators one): ``dflash_formats.import_dflash``.
 """
 
 from __future__ import annotations
@@ -185,16 +187,31 @@ def _import_eagle(path: str | Path, target: nn.Module | None = None) -> HeadsBas
     return import_eagle(path, target=target)
 
 
-IMPORTERS: dict[str, Callable[..., HeadsBase]] = {"medusa": _import_medusa_any, "eagle": _import_eagle}
+def _import_dflash(path: str | Path, target: nn.Module | None = None) -> HeadsBase:
+    from .dflash_formats import import_dflash
+
+    return import_dflash(path, target=target)
+
+
+IMPORTERS: dict[str, Callable[..., HeadsBase]] = {"medusa": _import_medusa_any, "eagle": _import_eagle,
+                                                  "dflash": _import_dflash}
 
 
 def detect_format(path: str | Path) -> str:
-    """'medusa' for FasterDecoding or vLLM Medusa files, else 'eagle' (EAGLE-1 / EAGLE-3 layouts)."""
+    """'medusa' for FasterDecoding or vLLM Medusa files, 'dflash' for a DFlash config (either layout),
+    else 'eagle' (EAGLE-1 / EAGLE-3 layouts)."""
+    from .dflash_formats import is_dflash_config
+
     p = Path(path).expanduser()
     if p.is_file():
         return "medusa" if p.name.startswith("medusa_lm_head") or p.suffix == ".pt" else "eagle"
     if p.is_dir() and (any((p / n).is_file() for n in MEDUSA_FILES) or is_vllm_medusa(p)):
         return "medusa"
+    try:
+        if p.is_dir() and is_dflash_config(json.loads((p / "config.json").read_text())):
+            return "dflash"
+    except (OSError, ValueError, AttributeError):
+        pass
     return "eagle"
 
 
