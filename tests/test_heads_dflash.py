@@ -9,7 +9,7 @@ from headway.feature_layers import dflash_layers
 from headway.heads import DFlashDrafter, HeadsError, load_heads
 from headway.target import TargetError
 from headway.testing import tiny_target
-from headway.train.dflash import draft_blocks
+from headway.train.blocks import draft_blocks
 
 
 @pytest.fixture(scope="module")

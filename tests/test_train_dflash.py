@@ -13,8 +13,8 @@ from headway.target import load_target
 from headway.testing import save_tiny_target, tiny_target
 from headway.train.batch import collate, target_batch
 from headway.train.config import TrainConfig
-from headway.train.dflash import (DFlashTask, anchor_candidates, block_mask, least_used_token, row_draws,
-                                  select_anchors, slot_labels)
+from headway.train.blocks import anchor_candidates, block_mask, row_draws, select_anchors, slot_labels
+from headway.train.dflash import DFlashTask, least_used_token
 from headway.train.eagle import feature_batch
 from headway.train.loop import fit, train
 
@@ -114,6 +114,17 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
     assert len(ev["top1"]) == 3 and sum(ev["accept_hist"]) == ev["positions"] and len(ev["calibration"]["accuracy"]) == 3
     log = (tmp_path / "run" / "log.jsonl").read_text()
     assert '"acc_slot1"' in log and '"acc_slot3"' in log
+
+
+def test_calibration_is_fitted_per_slot(setup, tmp_path):
+    """`headway tune --calibration-data` on DFlash heads: one temperature per drafted depth."""
+    from headway.train.calibration import fit_calibration
+
+    target, tok = load_target(str(setup[1]), device="cpu")
+    heads = load_heads(fit(config(setup, tmp_path / "run", max_steps=2), target, tok), target=target)
+    got = fit_calibration(heads, target, setup[2], max_rows=8)
+    assert len(got["temperature_by_depth"]) == 3 and len(got["summary"]["accuracy"]) == 3
+    assert len(heads.metadata["calibration"]["temperature_by_depth"]) == 3  # stored by training's evaluation
 
 
 def test_resume_reproduces_the_uninterrupted_run(setup, tmp_path):

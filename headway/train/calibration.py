@@ -150,14 +150,24 @@ def eagle_calibration_sums(drafter: nn.Module, tb: Any, hidden: Tensor, depth: i
 @torch.no_grad()
 def heads_calibration_sums(heads: nn.Module, tb: Any, depth: int) -> dict[str, Tensor]:
     """The ``calib_*`` sums of any head kind on a ``TargetBatch``, as its eval stats compute them."""
-    from ..heads import MedusaHeads
+    from ..heads import DFlashDrafter, MedusaHeads
     from .losses import IGNORE_INDEX, medusa_labels
     from .draft_vocab import in_draft_vocab
 
     if isinstance(heads, MedusaHeads):
         labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)
         return medusa_calibration_sums(heads(tb.hidden[-1]), in_draft_vocab(heads, labels, missing=-1), IGNORE_INDEX)
+    if isinstance(heads, DFlashDrafter):  # slot k = depth k, at the blocks evaluation drafts
+        from .blocks import block_predictions
+
+        context = heads.fuse([tb.hidden[i] for i in heads.feature_layers])
+        logits, rows, pos = block_predictions(heads, tb.input_ids, tb.loss_mask, context, BLOCK_ANCHORS)
+        ids = heads.to_draft_ids(tb.input_ids[rows[:, None], pos])  # (N, bs-1) -1 outside the draft vocabulary
+        return calibration_sums([logits[:, j] for j in range(ids.shape[1])], [ids[:, j] for j in range(ids.shape[1])])
     return eagle_calibration_sums(heads, tb, heads.fuse([tb.hidden[i] for i in heads.feature_layers]), depth)
+
+
+BLOCK_ANCHORS = 64  # DFlash blocks per row measured (the default dflash.eval_anchors)
 
 
 def calibration_rows(data: str | Path, layers: Sequence[int], max_rows: int | None) -> Any:

@@ -9,7 +9,6 @@ knows which route its batch came by.
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +22,10 @@ from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
 from .errors import TrainError
 from .tasks import ParamGroup, TargetBatch
-from .ttt import acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, shift_left, summarize_acceptance
+from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, noise_seed, shift_left,
+                  summarize_acceptance)
 
 EVAL_DEPTH = 5  # drafted tokens per simulated chain; the same depth as Medusa's default 5 heads
-
-
-def noise_seed(seed: int, step: int, input_ids: Tensor) -> int:
-    """EAGLE-1's input noise is a pure function of (seed, step, batch contents): a resumed run
-    draws exactly the noise the uninterrupted one did, whatever else consumed the global RNG."""
-    data = zlib.crc32(input_ids.detach().to("cpu", torch.int64).numpy().tobytes())
-    return (seed * 1_000_003 + step) * 4_294_967_311 + data & (2**63 - 1)
 
 
 def eval_sums(drafter: nn.Module, tb: TargetBatch, hidden: Tensor, depth: int) -> dict[str, Tensor]:

@@ -19,6 +19,7 @@ or (c) the target's argmax there is outside the draft vocabulary.
 
 from __future__ import annotations
 
+import zlib
 from typing import Iterator
 
 import torch
@@ -26,6 +27,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..heads.layers import DraftCache
+
+
+def noise_seed(seed: int, step: int, input_ids: Tensor) -> int:
+    """A seed that is a pure function of (seed, step, tokens): a resumed run draws exactly what the
+    uninterrupted one did, whatever else consumed the global RNG (EAGLE-1's input noise, DFlash's anchors)."""
+    data = zlib.crc32(input_ids.detach().to("cpu", torch.int64).numpy().tobytes())
+    return (seed * 1_000_003 + step) * 4_294_967_311 + data & (2**63 - 1)
 
 
 def ttt_mask(T: int, step: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
