@@ -4,6 +4,7 @@ and prompts tokenised exactly as ``headway distill`` conditions the target (chat
 import copy
 import dataclasses
 import json
+import sys
 
 import pytest
 import torch
@@ -169,6 +170,21 @@ def test_cli_end_to_end(folders, tmp_path, capsys):
     assert rep["schema"] == SCHEMA
     assert [m["tree"] for m in rep["methods"] if m["kind"] == "medusa"] == ["chain-2", "mc_sim_7b_63[:3]"]
     assert png.stat().st_size > 1000
+
+
+def test_without_matplotlib_the_plot_is_one_line_and_the_results_are_kept(folders, tmp_path, capsys, monkeypatch):
+    """``pip install headway`` has no matplotlib: the table and the JSON are written, the plot is
+    skipped with one line naming what to install, and the command succeeds."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    rc = main(["bench", "--target", str(folders / "target"), "--heads", str(folders / "medusa"),
+               "--prompts", str(folders / "prompts.jsonl"), "--assistant", "none", "--max-new-tokens", "4",
+               "--repeats", "1", "--tree", "chain-2", "--json", str(out), "--plot", str(png)])
+    assert rc == 0 and json.loads(out.read_text())["schema"] == SCHEMA and not png.exists()
+    lines = [x for x in capsys.readouterr().out.splitlines() if "installed" in x]
+    assert lines == ["plot skipped: matplotlib is not installed (pip install 'headway[plot]', or pip install "
+                     "matplotlib)"]
 
 
 def test_a_target_without_a_default_assistant_asks_for_one(folders):
