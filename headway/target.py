@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import opt
+from .config import ConfigError, opt
 from .errors import HeadwayError
 
 if TYPE_CHECKING:
@@ -66,13 +66,24 @@ BUILDERS = {DEMO: "headway.demo.builder:build_default",
             **{name: "headway.demo.named:resolve_named_target" for name in NAMED_TARGETS}}
 
 
+NO_TARGET = ("no target model given; pass --target MODEL (target: in a YAML config): a local folder, a Hub id "
+             f"such as meta-llama/Llama-3.1-8B-Instruct, or a built-in name ({', '.join(BUILDERS)})")
+
+
+def require_target(target: str | None) -> str:
+    """``target``, or the ``ConfigError`` saying what to pass: no command guesses which model to run."""
+    if target is None or not str(target).strip():
+        raise ConfigError(NO_TARGET)
+    return target
+
+
 @dataclass(kw_only=True)
 class TargetArgs:
     """The target options of every command that runs a target (distill, features, train, generate,
-    chat, tune, bench): same names, same choices, same meaning. A command may change the default
-    and help of ``target`` only."""
+    chat, tune, bench): same names, same choices, same meaning. A command may change the help of
+    ``target`` (and ``features`` leaves it optional: the dataset records its target)."""
 
-    target: str | None = opt(DEMO, "target model: a local folder, a Hub id, or a built-in name "
+    target: str | None = opt(None, "target model (required): a local folder, a Hub id, or a built-in name "
                                    f"({', '.join(BUILDERS)}; built, or reused from the cache)")
     revision: str | None = opt(None, "target revision (Hub targets)")
     dtype: str = opt("float32", "dtype the target runs in (exact output is promised in float32); auto: the "
@@ -91,10 +102,13 @@ class TargetArgs:
     adapter: str | None = opt(None, "PEFT adapter folder merged into the target (Medusa-2); generate / chat / tune / "
                                     "bench default to the one the heads record")
 
+    def __post_init__(self) -> None:  # fails at parse time, before anything is read or loaded
+        require_target(self.target)
+
     def target_path(self) -> str:
         """``target`` resolved to what ``load_target`` reads (builds a built-in target if needed)."""
         if self.target is None:
-            raise TargetError("no target given; pass --target (a folder, a Hub id, or 'demo')")
+            raise TargetError(NO_TARGET)
         return resolve_target_path(self.target)
 
     def load_kwargs(self) -> dict[str, Any]:

@@ -178,6 +178,6 @@ def test_bad_settings_are_config_errors():
     from headway.data.distill import DistillConfig
 
     with pytest.raises(ConfigError, match="temperature must be >= 0"):
-        parse_cli(DistillConfig, ["p.jsonl", "temperature=-1"])
+        parse_cli(DistillConfig, ["p.jsonl", "--target", "demo", "temperature=-1"])
     with pytest.raises(ConfigError, match="overlong"):
-        parse_cli(DistillConfig, ["p.jsonl", "--overlong", "explode"])
+        parse_cli(DistillConfig, ["p.jsonl", "--target", "demo", "--overlong", "explode"])

@@ -19,7 +19,7 @@ from ..decode.args import check_decode_args
 
 @dataclass
 class TuneConfig(DecodeTargetArgs):
-    target: str = opt(help="target model folder / Hub id, or 'demo'", kw_only=True)
+    target: str | None = opt(None, "target model (required): a folder, a Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint folder (the tuned tree is written into its config.json)")
     prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
     num_prompts: int = opt(8, "calibration prompts to use")
@@ -45,6 +45,7 @@ class TuneConfig(DecodeTargetArgs):
     json_out: str | None = opt(None, "write the measurements here as JSON")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.temperatures:
             raise ConfigError("'temperatures' needs one or more values >= 0")
         for t in self.temperatures:
@@ -112,6 +113,7 @@ class BenchConfig(DecodeTargetArgs):
     progress: bool = opt(True, "progress on stderr: a bar on a terminal, else a plain line with rate and ETA")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("num_prompts", "prompt_tokens", "max_new_tokens", "repeats", "assistant_layers",
                      "assistant_tokens", "prompt_lookup_tokens"):
             if getattr(self, name) < 1:

@@ -69,6 +69,7 @@ class DistillConfig(TargetArgs):
     feature_store_dtype: str = opt("bfloat16", "--features: dtype of the stored features", choices=STORE_DTYPE_NAMES)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -103,7 +104,7 @@ class FeaturesConfig(TargetArgs):
     limit: int | None = opt(None, "use only the first N rows of the dataset")
     overwrite: bool = opt(False, "delete the output folder first")
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # no super(): the target may be left to the dataset's record
         for name in ("batch_size", "shard_size"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -135,6 +136,7 @@ class PromptsConfig(TargetArgs):
     overwrite: bool = opt(False, "delete the output folder first")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("num", "batch_size", "max_new_tokens", "max_chars"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")

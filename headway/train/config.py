@@ -200,6 +200,7 @@ class TrainConfig(TargetArgs):
     eagle: EagleOptions = field(default_factory=EagleOptions)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_choice(self.kind, KINDS, "kind")
         check_choice(self.mixed_precision, PRECISIONS, "mixed_precision")
         check_choice(self.report_to, TRACKERS, "report_to")
