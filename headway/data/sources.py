@@ -4,7 +4,7 @@ A source is one string:
 
 - ``demo:train`` / ``demo:heldout``: code prefixes from the demo target's corpus;
 - ``chat:train`` / ``chat:extra`` / ``chat:heldout`` / ``chat:dev``: the built-in chat instruction corpus
-  (``chat_corpus``; no download); ``chat:extra`` is more prompts of the train families (none repeats a train
+  (``chat_corpus``: a file shipped in the package; no download); ``chat:extra`` is more prompts of the train families (none repeats a train
   prompt); ``chat:dev`` is the held-out split's tail, for evaluation and calibration, never benchmarked;
 - a ``.jsonl`` / ``.json`` / ``.parquet`` file of rows with ``prompt``, ``messages`` (OpenAI
   roles) or ``conversations`` (ShareGPT ``from``/``value``);
