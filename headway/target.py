@@ -248,7 +248,8 @@ def local_path(name_or_path: str | Path) -> Path | None:
 
 
 def resolve_folder(name_or_path: str | Path, revision: str | None = None, *, allow_patterns: list[str] | None = None,
-                   what: str = "checkpoint", fetching: str = "", error: type[HeadwayError] = TargetError) -> Path:
+                   what: str = "checkpoint", fetching: str = "", error: type[HeadwayError] = TargetError,
+                   repo_type: str = "model", local_files_only: bool = False) -> Path:
     """The one resolver of "a local folder or a Hub repo id": the folder, or the repo (``org/name``)
     fetched through huggingface_hub into its cache (``models--org--name/snapshots/<sha>``; offline,
     the cached snapshot), only the files ``allow_patterns`` match. Heads loading, ``headway import``
@@ -263,7 +264,8 @@ def resolve_folder(name_or_path: str | Path, revision: str | None = None, *, all
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(s, revision=revision, allow_patterns=allow_patterns))
+        return Path(snapshot_download(s, revision=revision, allow_patterns=allow_patterns, repo_type=repo_type,
+                                      local_files_only=local_files_only))
     except Exception as e:  # offline, missing repo, no network: say which in one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise error(f"cannot fetch {fetching}'{s}' from the Hub: {first}") from None

@@ -150,7 +150,7 @@ def test_malformed_jsonl_line_reports_file_and_line(tmp_path):
     ({"messages": [{"role": "bot", "content": "hi"}]}, "unknown role 'bot'"),
     ({"conversations": [{"from": "robot", "value": "hi"}]}, "unknown role 'robot'"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "conversation has no user message"),
-    ({"text": "hello"}, "no 'prompt', 'messages' or 'conversations' field"),
+    ({"text": "hello"}, "no 'prompt', 'messages', 'conversations' or 'instruction' field"),
     ({"prompt": 3}, "'prompt' must be a string"),
     (["not", "an", "object"], "expected a JSON object"),
 ])

@@ -21,7 +21,7 @@ from ..decode.args import check_decode_args
 class TuneConfig(DecodeTargetArgs):
     target: str | None = opt(None, "target model (required): a folder, a Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint folder (the tuned tree is written into its config.json)")
-    prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
+    prompts: Any = opt("demo:heldout", "calibration prompts (any source `headway distill` reads, specs included)")
     num_prompts: int = opt(8, "calibration prompts to use")
     prompt_tokens: int = opt(96, "prompt length for demo-corpus prompts")
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
@@ -60,8 +60,9 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 class BenchConfig(DecodeTargetArgs):
     heads: list[str] = opt(help="heads checkpoints to compare: --heads A B C (folders or Hub ids)",
                            default_factory=list)
-    prompts: str = opt("demo:heldout", "prompt source: demo:heldout, demo:train, a .jsonl/.json/.parquet file, "
-                                       "a datasets folder or a cached Hub dataset")
+    prompts: Any = opt("demo:heldout", "prompt source (any `headway distill` reads, specs included): demo:heldout, "
+                                       "demo:train, chat:heldout, a .jsonl/.json/.parquet file, a datasets folder or "
+                                       "a cached Hub dataset")
     num_prompts: int = opt(8, "prompts to use (the first N of the source)")
     prompt_tokens: int = opt(64, "demo sources: prompt length in tokens (code prefixes cut at line ends)")
     max_new_tokens: int = opt(128, "new tokens per generation at most (EOS stops earlier, for every method alike)")

@@ -3,7 +3,11 @@
 Modules, one concern each:
 
 - ``samples``: the normalised ``Sample`` form and ``normalize_row`` (pure);
-- ``sources``: ``read_samples(source)`` for JSONL / JSON / parquet / datasets folders / Hub names / ``demo:``;
+- ``source_spec``: ``SourceSpec``, what a prompt source is (Hub config / split / files, columns, shuffle,
+  sample, weight, streaming, presets) and ``parse_sources`` for the forms users write;
+- ``sources``: ``read_samples(source)`` for JSONL / JSON / parquet / datasets folders / Hub names / ``demo:``
+  / ``chat:`` and specs, mixes included;
+- ``chat_corpus``: the built-in chat prompts, read from the checksummed file in ``corpora/``;
 - ``chat``: chat templates: conversation pieces for generation, assistant-token masks;
 - ``plans``: what the target is asked per sample, within a token budget;
 - ``generation``: batched left-padded generation (greedy or sampled);

@@ -8,12 +8,13 @@ The target options come from ``TargetArgs``, the same for every command that run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import opt
 from ..target import LINEAR_KERNELS, TargetArgs
 from .errors import DataError
 from .plans import OVERLONG, PROMPT_FORMATS
+from .source_spec import parse_sources
 
 if TYPE_CHECKING:
     from .generation import SamplingSettings
@@ -25,9 +26,12 @@ ENGINES = ("hf", "vllm")
 
 @dataclass
 class DistillConfig(TargetArgs):
-    source: str = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations rows), "
-                           "a datasets folder, a Hub dataset name, demo:train / demo:heldout, or the built-in chat "
-                           "instructions chat:train / chat:heldout / chat:dev", positional=True)
+    source: Any = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations | instruction "
+                           "rows), a datasets folder, a Hub dataset (org/name, org/name:config@split), preset:sharegpt "
+                           "/ preset:ultrachat, demo:train / demo:heldout, the built-in chat instructions chat:train "
+                           "/ chat:extra / chat:heldout / chat:dev, or a source spec: a mapping ('{path: ..., split: "
+                           "..., columns: {...}, shuffle: true, sample: N, streaming: true}') or a list of them, mixed "
+                           "by weight (docs/data.md)", positional=True)
     output: str = opt("runs/distilled", "output folder (resumed if it holds shards of the same settings)")
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
     prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
@@ -70,6 +74,7 @@ class DistillConfig(TargetArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        parse_sources(self.source)  # a bad spec fails here, before the target loads
         for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
