@@ -254,6 +254,7 @@ def test_a_distill_config_takes_a_spec_and_records_it_as_written(tmp_path):
     assert [s.path for s in parse_sources(cfg.source)] == ["chat:train", "HuggingFaceH4/ultrachat_200k"]
     cli = load_config(DistillConfig, None, ["org/chat:alpaca@train", "target=demo"])
     assert cli.source == "org/chat:alpaca@train"  # a command-line string stays a string (recorded as given)
+    assert load_config(DistillConfig, None, ["p #1.jsonl", "target=demo"]).source == "p #1.jsonl"  # not YAML'd
     with pytest.raises(ConfigError, match="'columns' maps unknown field 'question'"):
         load_config(DistillConfig, None, {"source": {"path": "a.jsonl", "columns": {"question": "q"}},
                                           "target": "demo"})

@@ -153,15 +153,15 @@ def _mapped(row: Any, spec: SourceSpec) -> Any:
     ``format`` keeping only its own fields (so a row without them is a bad row, not another format)."""
     if not isinstance(row, dict) or (not spec.columns and spec.format == "auto"):
         return row
-    row = {**row, **{field: row[column] for field, column in spec.columns.items() if column in row}}
+    mapped = {**row, **{field: row[column] for field, column in spec.columns.items() if column in row}}
     if spec.format != "auto":
         keep = ("id", *FORMAT_FIELDS[spec.format])
-        row = {k: v for k, v in row.items() if k in keep or k not in _ALL_FIELDS}
-        if not any(f in row for f in FORMAT_FIELDS[spec.format][:1]):
-            missing = spec.columns.get(FORMAT_FIELDS[spec.format][0], FORMAT_FIELDS[spec.format][0])
-            return BadRowError(f"no '{missing}' field, which format {spec.format} reads (fields: "
-                               f"{', '.join(sorted(map(str, row))) or 'none'}); map it with columns")
-    return row
+        mapped = {k: v for k, v in mapped.items() if k in keep or k not in _ALL_FIELDS}
+        main = FORMAT_FIELDS[spec.format][0]
+        if main not in mapped:
+            return BadRowError(f"no '{spec.columns.get(main, main)}' field, which format {spec.format} reads "
+                               f"(fields: {', '.join(sorted(map(str, row))) or 'none'}); map it with columns")
+    return mapped
 
 
 _ALL_FIELDS = frozenset(f for fs in FORMAT_FIELDS.values() for f in fs)
