@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from .errors import BadRowError, ChatTemplateError, DataError, ResumeMismatchError
     from .features import FeaturesConfig, FeatureStore, target_features
     from .samples import Sample
+    from .source_spec import SourceSpec, parse_sources
     from .sources import read_samples
     from .vocab import draft_vocab, load_token_counts, token_frequencies
 
@@ -40,7 +41,7 @@ _EXPORTS = {"DistillConfig": "distill", "load_distilled": "distill", "TokenizeCo
             "tokenize_dataset": "encode", "tokenize_sample": "encode", "BadRowError": "errors",
             "ChatTemplateError": "errors", "DataError": "errors", "ResumeMismatchError": "errors",
             "FeaturesConfig": "features", "FeatureStore": "features", "target_features": "features",
-            "Sample": "samples", "read_samples": "sources",
+            "Sample": "samples", "SourceSpec": "source_spec", "parse_sources": "source_spec", "read_samples": "sources",
             "draft_vocab": "vocab", "load_token_counts": "vocab", "token_frequencies": "vocab"}
 __all__ = sorted(_EXPORTS)
 
