@@ -85,7 +85,7 @@ def medusa_call_ms(target: torch.nn.Module, n: int | None, calls: int, heads: in
 def medusa_train_tokens_per_s(target: torch.nn.Module, n: int | None, steps: int, B: int = 4, T: int = 256,
                               heads: int = 5) -> float:
     V, H = target.config.vocab_size, target.config.hidden_size
-    task = MedusaTask(load_config(TrainConfig, None, {"medusa.num_heads": heads}))
+    task = MedusaTask(load_config(TrainConfig, None, {"target": "demo", "medusa.num_heads": heads}))
     model = MedusaHeads.for_target(target, num_heads=heads, draft_vocab=vocab(n, V))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     g = torch.Generator().manual_seed(0)

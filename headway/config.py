@@ -84,6 +84,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if optional or tp is Any:
             return None
         raise ConfigError(f"'{key}' may not be empty")
+    if isinstance(value, str) and tp is Any:  # the field's own parser reads its strings (a prompt source)
+        return value
     if isinstance(value, str) and tp is not str:
         try:
             value = yaml.safe_load(value)

@@ -82,6 +82,9 @@ def _build() -> tuple[Any, str]:
             print(f"headway: the native kernel built without OpenMP ({why}); it runs on one thread",
                   file=sys.stderr, flush=True)
             why = ""
+    if module is None:  # once per process: the stock kernels run instead, and the user learns why
+        print(f"headway: the native few-row linear kernel cannot be built here ({why}); going on with PyTorch's "
+              f"kernels (install a C++ compiler, g++ or clang++, for it; {ENV}=0 skips it)", file=sys.stderr, flush=True)
     return module, why
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import opt
+from .config import ConfigError, opt
 from .errors import HeadwayError
 
 if TYPE_CHECKING:
@@ -66,13 +66,24 @@ BUILDERS = {DEMO: "headway.demo.builder:build_default",
             **{name: "headway.demo.named:resolve_named_target" for name in NAMED_TARGETS}}
 
 
+NO_TARGET = ("no target model given; pass --target MODEL (target: in a YAML config): a local folder, a Hub id "
+             f"such as meta-llama/Llama-3.1-8B-Instruct, or a built-in name ({', '.join(BUILDERS)})")
+
+
+def require_target(target: str | None) -> str:
+    """``target``, or the ``ConfigError`` saying what to pass: no command guesses which model to run."""
+    if target is None or not str(target).strip():
+        raise ConfigError(NO_TARGET)
+    return target
+
+
 @dataclass(kw_only=True)
 class TargetArgs:
     """The target options of every command that runs a target (distill, features, train, generate,
-    chat, tune, bench): same names, same choices, same meaning. A command may change the default
-    and help of ``target`` only."""
+    chat, tune, bench): same names, same choices, same meaning. A command may change the help of
+    ``target`` (and ``features`` leaves it optional: the dataset records its target)."""
 
-    target: str | None = opt(DEMO, "target model: a local folder, a Hub id, or a built-in name "
+    target: str | None = opt(None, "target model (required): a local folder, a Hub id, or a built-in name "
                                    f"({', '.join(BUILDERS)}; built, or reused from the cache)")
     revision: str | None = opt(None, "target revision (Hub targets)")
     dtype: str = opt("float32", "dtype the target runs in (exact output is promised in float32); auto: the "
@@ -91,10 +102,13 @@ class TargetArgs:
     adapter: str | None = opt(None, "PEFT adapter folder merged into the target (Medusa-2); generate / chat / tune / "
                                     "bench default to the one the heads record")
 
+    def __post_init__(self) -> None:  # fails at parse time, before anything is read or loaded
+        require_target(self.target)
+
     def target_path(self) -> str:
         """``target`` resolved to what ``load_target`` reads (builds a built-in target if needed)."""
         if self.target is None:
-            raise TargetError("no target given; pass --target (a folder, a Hub id, or 'demo')")
+            raise TargetError(NO_TARGET)
         return resolve_target_path(self.target)
 
     def load_kwargs(self) -> dict[str, Any]:
@@ -234,7 +248,8 @@ def local_path(name_or_path: str | Path) -> Path | None:
 
 
 def resolve_folder(name_or_path: str | Path, revision: str | None = None, *, allow_patterns: list[str] | None = None,
-                   what: str = "checkpoint", fetching: str = "", error: type[HeadwayError] = TargetError) -> Path:
+                   what: str = "checkpoint", fetching: str = "", error: type[HeadwayError] = TargetError,
+                   repo_type: str = "model", local_files_only: bool = False) -> Path:
     """The one resolver of "a local folder or a Hub repo id": the folder, or the repo (``org/name``)
     fetched through huggingface_hub into its cache (``models--org--name/snapshots/<sha>``; offline,
     the cached snapshot), only the files ``allow_patterns`` match. Heads loading, ``headway import``
@@ -249,7 +264,8 @@ def resolve_folder(name_or_path: str | Path, revision: str | None = None, *, all
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(s, revision=revision, allow_patterns=allow_patterns))
+        return Path(snapshot_download(s, revision=revision, allow_patterns=allow_patterns, repo_type=repo_type,
+                                      local_files_only=local_files_only))
     except Exception as e:  # offline, missing repo, no network: say which in one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise error(f"cannot fetch {fetching}'{s}' from the Hub: {first}") from None

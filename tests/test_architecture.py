@@ -163,8 +163,8 @@ def test_choices_are_enforced_by_the_config_parser():
     from headway.data.configs import DistillConfig
 
     with pytest.raises(ConfigError, match="'dtype' must be one of float32, bfloat16, float16"):
-        load_config(DistillConfig, None, {"source": "x.jsonl", "dtype": "float64"})
-    assert load_config(DistillConfig, None, {"source": "x.jsonl", "dtype": "bfloat16"}).dtype == "bfloat16"
+        load_config(DistillConfig, None, {"source": "x.jsonl", "target": "t", "dtype": "float64"})
+    assert load_config(DistillConfig, None, {"source": "x.jsonl", "target": "t", "dtype": "bfloat16"}).dtype == "bfloat16"
 
 
 def test_every_head_kind_has_its_training_task():

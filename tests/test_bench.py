@@ -4,6 +4,7 @@ and prompts tokenised exactly as ``headway distill`` conditions the target (chat
 import copy
 import dataclasses
 import json
+import sys
 
 import pytest
 import torch
@@ -171,6 +172,21 @@ def test_cli_end_to_end(folders, tmp_path, capsys):
     assert png.stat().st_size > 1000
 
 
+def test_without_matplotlib_the_plot_is_one_line_and_the_results_are_kept(folders, tmp_path, capsys, monkeypatch):
+    """``pip install headway`` has no matplotlib: the table and the JSON are written, the plot is
+    skipped with one line naming what to install, and the command succeeds."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    rc = main(["bench", "--target", str(folders / "target"), "--heads", str(folders / "medusa"),
+               "--prompts", str(folders / "prompts.jsonl"), "--assistant", "none", "--max-new-tokens", "4",
+               "--repeats", "1", "--tree", "chain-2", "--json", str(out), "--plot", str(png)])
+    assert rc == 0 and json.loads(out.read_text())["schema"] == SCHEMA and not png.exists()
+    lines = [x for x in capsys.readouterr().out.splitlines() if "installed" in x]
+    assert lines == ["plot skipped: matplotlib is not installed (pip install 'headway[plot]', or pip install "
+                     "matplotlib)"]
+
+
 def test_a_target_without_a_default_assistant_asks_for_one(folders):
     with pytest.raises(ConfigError, match="--assistant"):
         bench(config(folders, assistant=None))
@@ -235,14 +251,14 @@ def test_prompt_options_match_distill_and_are_checked(folders):
     for f in dataclasses.fields(DistillConfig):
         if f.name in ("prompt_format", "chat_template"):
             assert (bench_fields[f.name].default, bench_fields[f.name].metadata) == (f.default, f.metadata)
-    assert BenchConfig().baselines == ["hf-assisted", "hf-prompt-lookup"]
-    assert BenchConfig(baselines=["none"]).baselines == []
+    assert BenchConfig(target="t").baselines == ["hf-assisted", "hf-prompt-lookup"]
+    assert BenchConfig(target="t", baselines=["none"]).baselines == []
     with pytest.raises(ConfigError, match="prompt_format"):  # choices: enforced by the config parser
-        load_config(BenchConfig, None, {"prompt_format": "jinja"})
+        load_config(BenchConfig, None, {"target": "t", "prompt_format": "jinja"})
     with pytest.raises(ConfigError, match="baselines"):
-        BenchConfig(baselines=["hf-assisted", "vllm"])
+        BenchConfig(target="t", baselines=["hf-assisted", "vllm"])
     with pytest.raises(ConfigError, match="leaves out hf-assisted"):
-        BenchConfig(assistant="some/model", baselines=["hf-prompt-lookup"])
+        BenchConfig(target="t", assistant="some/model", baselines=["hf-prompt-lookup"])
     with pytest.raises(ConfigError, match="--baselines hf-prompt-lookup"):
         bench(config(folders, assistant=None))
 
@@ -251,11 +267,11 @@ def test_assistant_none_skips_the_assisted_baseline(folders, tmp_path, monkeypat
     from headway.config import parse_cli
     from headway.bench import run as bench_mod
 
-    cfg = parse_cli(BenchConfig, ["--assistant", "none"])  # the demo target (the default) included
+    cfg = parse_cli(BenchConfig, ["--target", "demo", "--assistant", "none"])  # the demo target included
     assert cfg.target == "demo" and cfg.assistant is None and cfg.baselines == ["hf-prompt-lookup"]
     monkeypatch.setattr(bench_mod, "default_assistant", lambda *a: pytest.fail("built the demo assistant"))
     assert bench_mod.load_assistant(cfg, "/any/demo-target", None) == (None, None)
-    assert BenchConfig(assistant="None").baselines == ["hf-prompt-lookup"]
+    assert BenchConfig(target="t", assistant="None").baselines == ["hf-prompt-lookup"]
     out = tmp_path / "bench.json"
     assert main(["bench", "--target", str(folders / "target"), "--heads", str(folders / "medusa"),
                  "--prompts", str(folders / "prompts.jsonl"), "--assistant", "none", "--max-new-tokens", "4",
@@ -282,7 +298,7 @@ def test_arguments_are_checked_before_the_target_is_built(args, message, tmp_pat
     monkeypatch.setattr(headway.target, "load_target", lambda *a, **k: pytest.fail("loaded the target"))
     (tmp_path / "junk").mkdir()
     args = [str(tmp_path / "junk") if a == "NOT_HEADS" else a for a in args]
-    assert main(["bench", "--no-progress", *args]) == 2
+    assert main(["bench", "--target", "demo", "--no-progress", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("headway bench: error: ") and message in err and "\n" not in err
 
@@ -359,8 +375,9 @@ def test_batch_size_benches_batched_greedy_throughput(folders, tmp_path, capsys)
 ])
 def test_batch_size_is_checked(kw, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(BenchConfig, None, kw)
-    assert BenchConfig().batch_size == [] and load_config(BenchConfig, None, {"batch_size": [8, 1, 8]}).batch_size == [1, 8]
+        load_config(BenchConfig, None, {"target": "t", **kw})
+    assert BenchConfig(target="t").batch_size == []
+    assert load_config(BenchConfig, None, {"target": "t", "batch_size": [8, 1, 8]}).batch_size == [1, 8]
 
 
 def test_weight_major_baseline_and_the_kernel_plan_are_reported(folders):

@@ -121,11 +121,11 @@ def test_dashes_and_underscores_are_the_same_in_every_spelling():
 
     for argv in (["--num-prompts", "3"], ["--num_prompts", "3"], ["--num-prompts=3"], ["num_prompts=3"],
                  ["num-prompts=3"]):
-        assert parse_cli(BenchConfig, argv).num_prompts == 3, argv
-    assert parse_cli(BenchConfig, ["--no-progress"]).progress is False
-    assert parse_cli(BenchConfig, ["--no_progress"]).progress is False
+        assert parse_cli(BenchConfig, ["--target", "demo", *argv]).num_prompts == 3, argv
+    assert parse_cli(BenchConfig, ["--target=demo", "--no-progress"]).progress is False
+    assert parse_cli(BenchConfig, ["target=demo", "--no_progress"]).progress is False
     for argv in (["--optim.max-grad-norm", "0.5"], ["--optim.max_grad_norm", "0.5"], ["optim.max-grad-norm=0.5"]):
-        assert parse_cli(TrainConfig, argv).optim.max_grad_norm == 0.5, argv
+        assert parse_cli(TrainConfig, ["--target", "demo", *argv]).optim.max_grad_norm == 0.5, argv
 
 
 def test_help_shows_the_dashed_spelling_the_readme_uses():

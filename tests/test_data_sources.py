@@ -150,7 +150,7 @@ def test_malformed_jsonl_line_reports_file_and_line(tmp_path):
     ({"messages": [{"role": "bot", "content": "hi"}]}, "unknown role 'bot'"),
     ({"conversations": [{"from": "robot", "value": "hi"}]}, "unknown role 'robot'"),
     ({"messages": [{"role": "assistant", "content": "hi"}]}, "conversation has no user message"),
-    ({"text": "hello"}, "no 'prompt', 'messages' or 'conversations' field"),
+    ({"text": "hello"}, "no 'prompt', 'messages', 'conversations' or 'instruction' field"),
     ({"prompt": 3}, "'prompt' must be a string"),
     (["not", "an", "object"], "expected a JSON object"),
 ])
@@ -178,6 +178,6 @@ def test_bad_settings_are_config_errors():
     from headway.data.distill import DistillConfig
 
     with pytest.raises(ConfigError, match="temperature must be >= 0"):
-        parse_cli(DistillConfig, ["p.jsonl", "temperature=-1"])
+        parse_cli(DistillConfig, ["p.jsonl", "--target", "demo", "temperature=-1"])
     with pytest.raises(ConfigError, match="overlong"):
-        parse_cli(DistillConfig, ["p.jsonl", "--overlong", "explode"])
+        parse_cli(DistillConfig, ["p.jsonl", "--target", "demo", "--overlong", "explode"])

@@ -215,7 +215,7 @@ def test_the_command_configs_refuse_what_the_command_line_cannot_spell():
     from headway.bench.tune import TuneConfig
 
     with pytest.raises(DecodeError, match="temperature must be a finite number"):
-        BenchConfig(heads=["h"], temperature=[0.0, math.inf])
+        BenchConfig(target="t", heads=["h"], temperature=[0.0, math.inf])
     with pytest.raises(DecodeError, match="temperature must be a finite number"):
         TuneConfig(target="t", heads="h", temperatures=[math.nan])
     with pytest.raises(DecodeError, match="temperature must be a finite number"):

@@ -52,3 +52,27 @@ def test_quick_runs_keep_the_recipe_but_fit_a_shallow_target(tmp_path):
     assert quick.eagle.aux_layers == []  # [2, 4, 5] names layers a 4-layer target lacks: the default instead
     block = train_config(DemoConfig(quick=True), "dflash", tiny, tmp_path / "d", tmp_path / "o")
     assert block.dflash.aux_layers == [] and block.dflash.draft_vocab_size == 256
+
+
+def test_the_demo_finishes_without_matplotlib_and_says_what_the_plot_needs(tmp_path, monkeypatch, capsys):
+    """``pip install headway`` (no plot extra) then ``headway demo``: every stage's work is kept, the
+    plot is one line saying what to install, and the command succeeds (it once died at the very end)."""
+    import sys
+
+    from headway.bench import run as bench_run
+    from headway.demo import pipeline
+    from headway.demo.pipeline import demo_cli
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    monkeypatch.setattr(pipeline, "build_target", lambda cfg: tmp_path / "target")
+    monkeypatch.setattr(pipeline, "distill_data", lambda cfg, target, run: tmp_path / "data")
+    monkeypatch.setattr(pipeline, "train_kind", lambda cfg, kind, target, data, run: tmp_path / kind)
+    report = {"methods": [{"name": "medusa", "temperature": 0.0, "speedup": 1.5, "accepted_per_depth": [0.6],
+                           "exact_match": 1.0}], "repetition_rate": 0.1}
+    monkeypatch.setattr(bench_run, "bench", lambda cfg: report)
+    monkeypatch.setattr(bench_run, "render_table", lambda r: "the table")
+    assert demo_cli(DemoConfig(run_dir=str(tmp_path / "run"), quick=True, kinds=["medusa"])) == 0
+    out = capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "bench.json").read_text()) == report
+    assert not (tmp_path / "run" / "bench.png").exists() and "the table" in out
+    assert "plot skipped: matplotlib is not installed (pip install 'headway[plot]', or pip install matplotlib)" in out

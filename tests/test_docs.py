@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ["README.md", "benchmarks/README.md", "docs/smollm2.md"]
+DOCS = ["README.md", "benchmarks/README.md", "docs/smollm2.md", "docs/data.md"]
 # a repository path: docs/..., configs/..., benchmarks/..., tests/..., headway/..., .ci/...
 _PATH = re.compile(r"(?<![\w./-])((?:docs|configs|benchmarks|tests|headway|\.ci)/[\w./{},-]*)")
 # a script or document named in backticks, relative to the document's folder (`run_demo_bench.sh [RUN_DIR]`)

@@ -79,7 +79,7 @@ def test_training_config_records_the_init(tmp_path):
     from headway.train.eagle import Eagle3Task
 
     target, _ = tiny_target("llama")
-    cfg = load_config(TrainConfig, None, {"kind": "eagle3", "data": "", "eagle.init_layer": -1,
+    cfg = load_config(TrainConfig, None, {"kind": "eagle3", "target": "tiny", "data": "", "eagle.init_layer": -1,
                                           "output_dir": str(tmp_path)})
     heads = Eagle3Task(cfg).build(target)
     last = target.model.layers[-1]

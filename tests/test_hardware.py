@@ -54,7 +54,7 @@ def test_training_auto_precision_takes_bf16_only_where_fast(monkeypatch, tmp_pat
     from headway.train.loop import make_accelerator
 
     monkeypatch.setenv(ENV, "1" if fast else "0")
-    acc = make_accelerator(TrainConfig(kind="medusa", output_dir=str(tmp_path), mixed_precision="auto",
+    acc = make_accelerator(TrainConfig(kind="medusa", target="t", output_dir=str(tmp_path), mixed_precision="auto",
                                        device="cpu", report_to="none"))
     assert acc.mixed_precision == expected
 
@@ -64,7 +64,7 @@ def test_training_bf16_on_a_slow_cpu_warns_and_keeps_the_choice(monkeypatch, tmp
     from headway.train.loop import make_accelerator
 
     monkeypatch.setenv(ENV, "0")
-    acc = make_accelerator(TrainConfig(kind="medusa", output_dir=str(tmp_path), mixed_precision="bf16",
+    acc = make_accelerator(TrainConfig(kind="medusa", target="t", output_dir=str(tmp_path), mixed_precision="bf16",
                                        device="cpu", report_to="none"))
     assert acc.mixed_precision == "bf16"
     err = capsys.readouterr().err

@@ -66,7 +66,7 @@ def test_configs_refuse_impossible_vocabularies():
     with pytest.raises(ValueError, match="1..384"):
         MedusaConfig(hidden_size=H, vocab_size=V, draft_vocab_size=V + 1)
     with pytest.raises(ConfigError, match="own_lm_head=true") as e:
-        load_config(TrainConfig, None, {"medusa.own_lm_head": False, "medusa.draft_vocab_size": 10})
+        load_config(TrainConfig, None, {"target": "t", "medusa.own_lm_head": False, "medusa.draft_vocab_size": 10})
     assert "\n" not in str(e.value)
 
 
@@ -191,7 +191,7 @@ def batch(target, seed=0, B=2, T=12):
 
 
 def task(**medusa_opts):
-    return MedusaTask(load_config(TrainConfig, None, {f"medusa.{k}": v for k, v in medusa_opts.items()}))
+    return MedusaTask(load_config(TrainConfig, None, {"target": "t", **{f"medusa.{k}": v for k, v in medusa_opts.items()}}))
 
 
 def test_medusa_labels_outside_the_draft_vocab_are_ignored(target):
@@ -259,7 +259,7 @@ def test_medusa_and_eagle1_tasks_count_the_vocab_on_the_data(target, tmp_path):
 
     counts = token_frequencies(load_from_disk(str(data)), V)
     want, _, _ = draft_vocab(counts, 64)
-    cfg = load_config(TrainConfig, None, {"data": str(data), "medusa.num_heads": 2, "medusa.draft_vocab_size": 64,
+    cfg = load_config(TrainConfig, None, {"target": "t", "data": str(data), "medusa.num_heads": 2, "medusa.draft_vocab_size": 64,
                                           "eagle.draft_vocab_size": 64})
     heads = MedusaTask(cfg).build(target)
     assert torch.equal(heads.draft_token_ids(), want)
@@ -271,13 +271,13 @@ def test_medusa_and_eagle1_tasks_count_the_vocab_on_the_data(target, tmp_path):
     drafter = Eagle1Task(cfg).build(target)
     assert torch.equal(drafter.draft_token_ids(), want) and drafter.metadata["draft_vocab"]["size"] == 64
     # None, or the whole vocabulary: nothing changes
-    plain = load_config(TrainConfig, None, {"data": str(data), "medusa.draft_vocab_size": V})
+    plain = load_config(TrainConfig, None, {"target": "t", "data": str(data), "medusa.draft_vocab_size": V})
     assert not MedusaTask(plain).build(target).has_draft_vocab
-    assert not Eagle1Task(load_config(TrainConfig, None, {"data": str(data)})).build(target).has_draft_vocab
+    assert not Eagle1Task(load_config(TrainConfig, None, {"target": "t", "data": str(data)})).build(target).has_draft_vocab
     from headway.train.loop import TrainError
 
     with pytest.raises(TrainError, match="larger than the target's vocabulary of 384"):
-        Eagle1Task(load_config(TrainConfig, None, {"data": str(data), "eagle.draft_vocab_size": V + 1})).build(target)
+        Eagle1Task(load_config(TrainConfig, None, {"target": "t", "data": str(data), "eagle.draft_vocab_size": V + 1})).build(target)
     with pytest.raises(TrainError, match="counted on the training data"):
-        MedusaTask(load_config(TrainConfig, None, {"data": str(tmp_path / "gone"), "medusa.draft_vocab_size": 9})
+        MedusaTask(load_config(TrainConfig, None, {"target": "t", "data": str(tmp_path / "gone"), "medusa.draft_vocab_size": 9})
                    ).build(target)

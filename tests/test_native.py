@@ -186,3 +186,21 @@ def test_tree_decoding_stays_exact_with_native_linears(built, kind, tree):
         ref = reference(model, p, 16)
         spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), model.config.vocab_size)
         assert spec.generate(p, max_new_tokens=16).ids == ref
+
+
+def test_no_compiler_is_one_line_and_auto_goes_on_with_stock_kernels(monkeypatch, capsys):
+    """torch's extension builder unimportable (as where no toolchain is installed): one line on stderr
+    saying what to install, once per process, and ``auto`` plans without the native kernel."""
+    monkeypatch.setitem(__import__("sys").modules, "torch.utils.cpp_extension", None)
+    monkeypatch.delenv(native.ENV, raising=False)
+    native._build.cache_clear()
+    try:
+        ok, why = native.native_kernel()
+        assert not ok and "ModuleNotFoundError" in why
+        assert native.native_kernel() == (False, why)
+        plan = kernels.probe_plan([nn.Linear(4, 4)], reps=1)
+        assert "native" not in plan.kernels
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert len(lines) == 1 and "install a C++ compiler" in lines[0] and why in lines[0]
+    finally:
+        native._build.cache_clear()

@@ -73,3 +73,36 @@ def test_resolve_folder_local_hub_cache_and_errors(tmp_path, monkeypatch):
         resolve_folder("/nope", what="heads checkpoint", error=HeadsError)
     with pytest.raises(TargetError, match="cannot fetch heads 'someorg/absent' from the Hub"):
         resolve_folder("someorg/absent", fetching="heads ")
+
+
+@pytest.mark.parametrize("argv", [
+    ["distill", "prompts.jsonl"], ["train", "data=runs/distilled"], ["bench", "--heads", "h"],
+    ["tune", "--heads", "h"], ["generate", "--heads", "h", "--prompt", "x"], ["chat", "--heads", "h"],
+    ["prompts", "--num", "4"], ["tokenize", "rows.jsonl"],
+])
+def test_a_command_that_runs_a_target_needs_one_named(argv, monkeypatch, capsys):
+    """No command quietly runs the demo target: without --target it is one line saying what to pass,
+    before anything is read, built or loaded."""
+    import headway.target
+    from headway.cli import main
+
+    monkeypatch.setattr(headway.target, "resolve_target_path", lambda *a: pytest.fail("resolved a target"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"headway {argv[0]}: error: no target model given; pass "
+                                                   "--target MODEL"), err
+    assert "a Hub id" in err and "demo" in err
+
+
+def test_features_may_leave_the_target_to_the_dataset_and_the_demo_recipes_name_theirs():
+    from pathlib import Path
+
+    from headway.config import load_config
+    from headway.data.configs import DistillConfig, FeaturesConfig
+    from headway.train.config import TrainConfig
+
+    assert load_config(FeaturesConfig, None, {"dataset": "runs/distilled"}).target is None
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    assert load_config(DistillConfig, configs / "distill-demo.yaml").target == "demo"
+    for kind in ("medusa", "eagle1", "eagle3"):
+        assert load_config(TrainConfig, configs / f"demo-{kind}.yaml").target == "demo"

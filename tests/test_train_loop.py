@@ -290,3 +290,14 @@ def test_wandb_goes_to_wandb_dir_when_set_else_the_run_folder(setup, tmp_path, m
     else:
         monkeypatch.delenv("WANDB_DIR", raising=False)
         assert wandb_kwargs(cfg, tmp_path / "run")["dir"] == str(tmp_path / "run")
+
+
+def test_a_tracker_that_is_not_installed_is_one_line_and_the_run_trains(setup, tmp_path, monkeypatch, capsys):
+    """report_to: wandb without wandb: training runs and saves its heads; one line says what to install."""
+    monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # `import wandb` now raises ImportError
+    out = tmp_path / "run"
+    train(config(setup, out, report_to="wandb", max_steps=2))
+    assert (out / "final" / "model.safetensors").is_file() and losses(out)
+    notes = [x for x in capsys.readouterr().err.splitlines() if "wandb" in x]
+    assert notes == ["headway train: report_to: wandb skipped: wandb is not installed (pip install wandb); "
+                     "the run's log.jsonl has every record"]

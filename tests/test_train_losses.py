@@ -128,7 +128,7 @@ def test_collate_pads_right_and_truncates():
 
 def test_resblocks_are_distinct_instances(tiny_llama):
     target, _ = tiny_llama
-    cfg = TrainConfig()
+    cfg = TrainConfig(target="tiny")
     cfg.medusa.num_heads, cfg.medusa.num_layers = 2, 3
     heads = MedusaTask(cfg).build(target)
     H, V = 64, target.get_output_embeddings().weight.shape[0]

@@ -111,8 +111,8 @@ def test_split_is_datasets_rule_for_arrow_and_feature_rows(setup):
         train, held = split_indices(n, frac, seed)
         assert train == parts["train"]["i"][:] and held == parts["test"]["i"][:]
     _, _, data, feats = setup
-    on = split_data(load_config(TrainConfig, None, {"data": str(data), "eval_fraction": 0.25}))
-    off = split_data(load_config(TrainConfig, None, {"features": str(feats), "eval_fraction": 0.25}), ["final"])
+    on = split_data(load_config(TrainConfig, None, {"target": "t", "data": str(data), "eval_fraction": 0.25}))
+    off = split_data(load_config(TrainConfig, None, {"target": "t", "features": str(feats), "eval_fraction": 0.25}), ["final"])
     for a, b in zip(on, off):
         assert [list(r["input_ids"]) for r in a] == [r["input_ids"].tolist() for r in b]
 

@@ -19,9 +19,9 @@ from ..decode.args import check_decode_args
 
 @dataclass
 class TuneConfig(DecodeTargetArgs):
-    target: str = opt(help="target model folder / Hub id, or 'demo'", kw_only=True)
+    target: str | None = opt(None, "target model (required): a folder, a Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint folder (the tuned tree is written into its config.json)")
-    prompts: str = opt("demo:heldout", "calibration prompts (any source `headway distill` reads)")
+    prompts: Any = opt("demo:heldout", "calibration prompts (any source `headway distill` reads, specs included)")
     num_prompts: int = opt(8, "calibration prompts to use")
     prompt_tokens: int = opt(96, "prompt length for demo-corpus prompts")
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
@@ -45,6 +45,7 @@ class TuneConfig(DecodeTargetArgs):
     json_out: str | None = opt(None, "write the measurements here as JSON")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.temperatures:
             raise ConfigError("'temperatures' needs one or more values >= 0")
         for t in self.temperatures:
@@ -59,8 +60,9 @@ BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 class BenchConfig(DecodeTargetArgs):
     heads: list[str] = opt(help="heads checkpoints to compare: --heads A B C (folders or Hub ids)",
                            default_factory=list)
-    prompts: str = opt("demo:heldout", "prompt source: demo:heldout, demo:train, a .jsonl/.json/.parquet file, "
-                                       "a datasets folder or a cached Hub dataset")
+    prompts: Any = opt("demo:heldout", "prompt source (any `headway distill` reads, specs included): demo:heldout, "
+                                       "demo:train, chat:heldout, a .jsonl/.json/.parquet file, a datasets folder or "
+                                       "a cached Hub dataset")
     num_prompts: int = opt(8, "prompts to use (the first N of the source)")
     prompt_tokens: int = opt(64, "demo sources: prompt length in tokens (code prefixes cut at line ends)")
     max_new_tokens: int = opt(128, "new tokens per generation at most (EOS stops earlier, for every method alike)")
@@ -112,6 +114,7 @@ class BenchConfig(DecodeTargetArgs):
     progress: bool = opt(True, "progress on stderr: a bar on a terminal, else a plain line with rate and ETA")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("num_prompts", "prompt_tokens", "max_new_tokens", "repeats", "assistant_layers",
                      "assistant_tokens", "prompt_lookup_tokens"):
             if getattr(self, name) < 1:

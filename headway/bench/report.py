@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..demo.builder import repetition_rate
+from ..optional import need
 from .methods import Method, Run
 
 SCHEMA = "headway.bench/1"
@@ -178,9 +179,9 @@ def render_table(report: dict[str, Any]) -> Any:
 
 def write_plot(report: dict[str, Any], path: str | Path) -> Path:
     """Speedup by method (bars, one group per method, one bar per temperature) and acceptance
-    rate by draft depth (lines: solid at temperature 0, dashed above)."""
-    import matplotlib
-
+    rate by draft depth (lines: solid at temperature 0, dashed above). ``MissingDependency``
+    where matplotlib is not installed (the ``plot`` extra)."""
+    matplotlib = need("matplotlib", "the benchmark plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

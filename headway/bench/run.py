@@ -33,6 +33,7 @@ from torch import nn
 from ..config import ConfigError
 from ..data.progress import quiet_transformers
 from ..kernels import LinearKernels
+from ..optional import MissingDependency, skip_line
 from .methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run)
 from .report import SCHEMA, Record, render_table, summarize, write_plot
@@ -404,5 +405,8 @@ def bench_cli(cfg: BenchConfig) -> int:
     if cfg.plot and cfg.batch_size:
         console.print("no plot for --batch-size runs (the table and the JSON have the numbers)")
     elif cfg.plot:
-        console.print(f"plot: {write_plot(report, Path(cfg.plot).expanduser())}")
+        try:
+            console.print(f"plot: {write_plot(report, Path(cfg.plot).expanduser())}")
+        except MissingDependency as e:  # the table and the JSON are the results; the plot is a view of them
+            console.print(skip_line(e, "plot"), markup=False)
     return 1 if bad else 0

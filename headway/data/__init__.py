@@ -3,7 +3,11 @@
 Modules, one concern each:
 
 - ``samples``: the normalised ``Sample`` form and ``normalize_row`` (pure);
-- ``sources``: ``read_samples(source)`` for JSONL / JSON / parquet / datasets folders / Hub names / ``demo:``;
+- ``source_spec``: ``SourceSpec``, what a prompt source is (Hub config / split / files, columns, shuffle,
+  sample, weight, streaming, presets) and ``parse_sources`` for the forms users write;
+- ``sources``: ``read_samples(source)`` for JSONL / JSON / parquet / datasets folders / Hub names / ``demo:``
+  / ``chat:`` and specs, mixes included;
+- ``chat_corpus``: the built-in chat prompts, read from the checksummed file in ``corpora/``;
 - ``chat``: chat templates: conversation pieces for generation, assistant-token masks;
 - ``plans``: what the target is asked per sample, within a token budget;
 - ``generation``: batched left-padded generation (greedy or sampled);
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from .errors import BadRowError, ChatTemplateError, DataError, ResumeMismatchError
     from .features import FeaturesConfig, FeatureStore, target_features
     from .samples import Sample
+    from .source_spec import SourceSpec, parse_sources
     from .sources import read_samples
     from .vocab import draft_vocab, load_token_counts, token_frequencies
 
@@ -36,7 +41,7 @@ _EXPORTS = {"DistillConfig": "distill", "load_distilled": "distill", "TokenizeCo
             "tokenize_dataset": "encode", "tokenize_sample": "encode", "BadRowError": "errors",
             "ChatTemplateError": "errors", "DataError": "errors", "ResumeMismatchError": "errors",
             "FeaturesConfig": "features", "FeatureStore": "features", "target_features": "features",
-            "Sample": "samples", "read_samples": "sources",
+            "Sample": "samples", "SourceSpec": "source_spec", "parse_sources": "source_spec", "read_samples": "sources",
             "draft_vocab": "vocab", "load_token_counts": "vocab", "token_frequencies": "vocab"}
 __all__ = sorted(_EXPORTS)
 

@@ -8,12 +8,13 @@ The target options come from ``TargetArgs``, the same for every command that run
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import opt
 from ..target import LINEAR_KERNELS, TargetArgs
 from .errors import DataError
 from .plans import OVERLONG, PROMPT_FORMATS
+from .source_spec import parse_sources
 
 if TYPE_CHECKING:
     from .generation import SamplingSettings
@@ -25,9 +26,12 @@ ENGINES = ("hf", "vllm")
 
 @dataclass
 class DistillConfig(TargetArgs):
-    source: str = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations rows), "
-                           "a datasets folder, a Hub dataset name, demo:train / demo:heldout, or the built-in chat "
-                           "instructions chat:train / chat:heldout / chat:dev", positional=True)
+    source: Any = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations | instruction "
+                           "rows), a datasets folder, a Hub dataset (org/name, org/name:config@split), preset:sharegpt "
+                           "/ preset:ultrachat, demo:train / demo:heldout, the built-in chat instructions chat:train "
+                           "/ chat:extra / chat:heldout / chat:dev, or a source spec: a mapping ('{path: ..., split: "
+                           "..., columns: {...}, shuffle: true, sample: N, streaming: true}') or a list of them, mixed "
+                           "by weight (docs/data.md)", positional=True)
     output: str = opt("runs/distilled", "output folder (resumed if it holds shards of the same settings)")
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
     prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
@@ -69,6 +73,8 @@ class DistillConfig(TargetArgs):
     feature_store_dtype: str = opt("bfloat16", "--features: dtype of the stored features", choices=STORE_DTYPE_NAMES)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_sources(self.source)  # a bad spec fails here, before the target loads
         for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -103,7 +109,7 @@ class FeaturesConfig(TargetArgs):
     limit: int | None = opt(None, "use only the first N rows of the dataset")
     overwrite: bool = opt(False, "delete the output folder first")
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # no super(): the target may be left to the dataset's record
         for name in ("batch_size", "shard_size"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -135,6 +141,7 @@ class PromptsConfig(TargetArgs):
     overwrite: bool = opt(False, "delete the output folder first")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for name in ("num", "batch_size", "max_new_tokens", "max_chars"):
             if getattr(self, name) < 1:
                 raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")

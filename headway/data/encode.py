@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import opt
+from ..target import require_target
 from .chat import assistant_mask, require_template
 from .errors import BadRowError, DataError
 from .plans import OVERLONG, PROMPT_FORMATS
+from .source_spec import parse_sources
 from .samples import Sample
 
 MANIFEST = "headway_tokenize.json"
@@ -23,10 +25,11 @@ MANIFEST = "headway_tokenize.json"
 
 @dataclass
 class TokenizeConfig:
-    source: str = opt(help="rows with answers: a .jsonl/.json/.parquet file (messages | conversations | "
-                           "prompt+completion), a datasets folder or a Hub dataset name", positional=True)
+    source: Any = opt(help="rows with answers: a .jsonl/.json/.parquet file (messages | conversations | "
+                           "prompt+completion | instruction+input+output), a datasets folder, a Hub dataset name, or a "
+                           "source spec (as distill's: docs/data.md)", positional=True)
     output: str = opt("runs/tokenized", "output folder")
-    target: str = opt("demo", "whose tokenizer (and vocabulary): a local folder, a Hub id, or 'demo'")
+    target: str | None = opt(None, "whose tokenizer and vocabulary (required): a local folder, a Hub id, or 'demo'")
     revision: str | None = opt(None, "target revision (Hub targets)")
     chat_template: str | None = opt(None, "Jinja chat template file, for tokenizers that have none")
     prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one; chat: always; "
@@ -39,6 +42,8 @@ class TokenizeConfig:
     overwrite: bool = opt(False, "delete the output folder first")
 
     def __post_init__(self) -> None:
+        require_target(self.target)
+        parse_sources(self.source)
         if self.max_length < 1:
             raise DataError(f"max_length must be >= 1, got {self.max_length}")
 

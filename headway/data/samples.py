@@ -1,7 +1,8 @@
 """The normalised form every prompt source is read into: one ``Sample`` per row.
 
 A sample is either a plain completion prompt (``prompt``, optionally with an existing
-``completion``) or a conversation (``messages`` with roles system / user / assistant).
+``completion``; Alpaca's ``instruction`` + ``input`` become one, ``output`` its completion) or a
+conversation (``messages`` with roles system / user / assistant).
 ``normalize_row`` turns one raw row (JSONL object, parquet row, ``datasets`` row) into a
 sample or raises ``BadRowError`` with the row's location; it is a pure function.
 """
@@ -116,5 +117,24 @@ def normalize_row(row: Any, index: int, where: str) -> Sample:
         if completion is not None and not isinstance(completion, str):
             raise BadRowError(f"{where}: 'completion' must be a string, got {type(completion).__name__}")
         return Sample(sid, prompt=prompt, completion=completion)
+    if "instruction" in row:  # Alpaca: the instruction, its input below it; output is the answer
+        return _alpaca(row, sid, where)
     keys = ", ".join(sorted(map(str, row))) or "none"
-    raise BadRowError(f"{where}: no 'prompt', 'messages' or 'conversations' field (fields: {keys})")
+    raise BadRowError(f"{where}: no 'prompt', 'messages', 'conversations' or 'instruction' field (fields: {keys}); "
+                      "a source's columns option maps other names")
+
+
+def _alpaca(row: dict[str, Any], sid: str, where: str) -> Sample:
+    """``instruction`` + ``input`` (Alpaca's layout) as one plain prompt, ``output`` as its completion."""
+    parts = []
+    for key in ("instruction", "input"):
+        value = row.get(key)
+        if value is not None and not isinstance(value, str):
+            raise BadRowError(f"{where}: '{key}' must be a string, got {type(value).__name__}")
+        parts.append((value or "").strip())
+    if not parts[0]:
+        raise BadRowError(f"{where}: empty instruction")
+    output = row.get("output")
+    if output is not None and not isinstance(output, str):
+        raise BadRowError(f"{where}: 'output' must be a string, got {type(output).__name__}")
+    return Sample(sid, prompt="\n\n".join(p for p in parts if p), completion=output)

@@ -4,12 +4,16 @@ A source is one string:
 
 - ``demo:train`` / ``demo:heldout``: code prefixes from the demo target's corpus;
 - ``chat:train`` / ``chat:extra`` / ``chat:heldout`` / ``chat:dev``: the built-in chat instruction corpus
-  (``chat_corpus``; no download); ``chat:extra`` is more prompts of the train families (none repeats a train
+  (``chat_corpus``: a file shipped in the package; no download); ``chat:extra`` is more prompts of the train families (none repeats a train
   prompt); ``chat:dev`` is the held-out split's tail, for evaluation and calibration, never benchmarked;
 - a ``.jsonl`` / ``.json`` / ``.parquet`` file of rows with ``prompt``, ``messages`` (OpenAI
   roles) or ``conversations`` (ShareGPT ``from``/``value``);
 - a folder written by ``datasets.save_to_disk`` (a ``DatasetDict`` uses ``split``);
 - anything else is a Hub dataset name, loaded by ``datasets`` (cached copies work offline).
+
+A source may also be a ``SourceSpec`` (``source_spec``): a Hub dataset's config, split and
+``data_files``, a column mapping and row format, a seeded shuffle and sample, streaming, or a list of
+them mixed by weight. A one-string source reads exactly as before.
 
 Malformed rows raise ``BadRowError`` (``file:line: reason``) unless ``skip_bad_rows``, in which
 case they are collected in ``SourceResult.bad`` for the caller to report.
@@ -18,20 +22,25 @@ case they are collected in ``SourceResult.bad`` for the caller to report.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import json
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from ..config import ConfigError
 from .chat_corpus import chat_samples
 from .errors import BadRowError, DataError, one_line
 from .samples import Sample, normalize_row
+from .source_spec import FILE_SUFFIXES, FORMAT_FIELDS, SourceSpec, parse_sources
 
 DEMO_SPLITS = {"demo:train": "train", "demo:heldout": "heldout"}
 CHAT_SPLITS = {"chat:train": "train", "chat:extra": "extra", "chat:heldout": "heldout", "chat:dev": "dev"}
 DEFAULT_DEMO_PROMPTS = 256
+STREAM_SHUFFLE_BUFFER = 10_000
 
 
 @dataclass
@@ -41,74 +50,175 @@ class SourceResult:
     name: str = ""
 
 
-def read_samples(source: str, *, split: str = "train", limit: int | None = None, skip_bad_rows: bool = False,
+def read_samples(source: Any, *, split: str = "train", limit: int | None = None, skip_bad_rows: bool = False,
                  tokenizer: Any = None, prompt_tokens: int = 64, seed: int = 0, skip: int = 0) -> SourceResult:
-    """Read and normalise every row of ``source`` (see the module docstring for the forms).
+    """Read and normalise the rows of ``source``: a string (see the module docstring for the forms),
+    a mapping or ``SourceSpec``, or a list of them (a weighted mix).
 
-    ``seed`` only affects ``demo:`` sources; ``chat:`` prompts are fixed and ``limit`` takes a prefix.
-    ``skip`` drops the first N usable prompts before ``limit`` applies, so a second run can take the
-    prompts after those a first one used (their ids stay those of the source)."""
+    ``seed`` only affects ``demo:`` sources (a spec's shuffle has its own); ``limit`` takes a prefix
+    of the (shuffled, mixed) stream. ``skip`` drops the first N usable prompts before ``limit``
+    applies, so a second run can take the prompts after those a first one used (their ids stay those
+    of the source)."""
     if skip < 0:
         raise DataError(f"skip must be >= 0, got {skip}")
     if skip:
         more = read_samples(source, split=split, limit=None if limit is None else skip + limit,
                             skip_bad_rows=skip_bad_rows, tokenizer=tokenizer, prompt_tokens=prompt_tokens, seed=seed)
         if len(more.samples) <= skip:
-            raise DataError(f"{source} has {len(more.samples)} usable prompts; skip={skip} leaves none")
+            raise DataError(f"{_name(source)} has {len(more.samples)} usable prompts; skip={skip} leaves none")
         more.samples = more.samples[skip:]
         return more
-    if source in CHAT_SPLITS:
-        return SourceResult(chat_samples(CHAT_SPLITS[source], limit), name=source)
-    if source.startswith("chat:"):
-        raise DataError(f"unknown built-in chat corpus '{source}'; use {' or '.join(CHAT_SPLITS)}")
-    if source in DEMO_SPLITS:
-        return SourceResult(demo_samples(DEMO_SPLITS[source], limit or DEFAULT_DEMO_PROMPTS, prompt_tokens,
-                                         tokenizer, seed), name=source)
-    path = Path(source).expanduser()
-    if path.is_dir():
-        rows = enumerate(_dataset_dir_rows(path, split))
-        where = lambda i: f"{path}[{i}]"  # noqa: E731
-    elif path.is_file():
-        rows, where = _file_rows(path)
-    elif source.startswith((".", "/", "~")) or path.suffix in (".jsonl", ".json", ".parquet"):
-        raise DataError(f"prompt source not found: {path}")
+    specs = _specs(source)
+    result = SourceResult([], name=_name(source))
+    streams = [_stream(spec, split, skip_bad_rows, tokenizer, prompt_tokens, seed, limit, result.bad)
+               for spec in specs]
+    if len(specs) == 1:
+        result.samples = list(itertools.islice(streams[0], limit))
     else:
-        rows = enumerate(_hub_rows(source, split))
-        where = lambda i: f"{source}[{i}]"  # noqa: E731
-    return _normalise(rows, where, limit, skip_bad_rows, str(source))
+        result.samples = _mix(specs, streams, limit)
+    return result
 
 
-def check_source(source: str) -> None:
-    """Refuse at once, without reading it, a source that cannot be read: a missing or unsupported
-    file, an unknown built-in corpus. Commands call it before loading a target (which can take
-    minutes). Any other name is a Hub dataset, which only ``read_samples`` can tell."""
+def _specs(source: Any) -> list[SourceSpec]:
+    try:
+        return parse_sources(source)
+    except ConfigError as e:
+        raise DataError(str(e)) from None
+
+
+def _name(source: Any) -> str:
+    """How a source is named in messages: a string as written, a spec by its label, else its JSON."""
+    if isinstance(source, str):
+        return source
+    if isinstance(source, SourceSpec):
+        return source.label()
+    return json.dumps(source, default=str)
+
+
+def _stream(spec: SourceSpec, split: str, skip_bad_rows: bool, tokenizer: Any, prompt_tokens: int, seed: int,
+            limit: int | None, bad: list[str]) -> Iterator[Sample]:
+    """The usable samples of one source, in order (shuffled if asked), at most ``spec.sample``."""
+    split = spec.split or split
+    count = min((n for n in (spec.sample, limit) if n is not None), default=None)
+    source = spec.path
+    if spec.builtin:
+        samples = _builtin(source, split, None if spec.shuffle else count, tokenizer, prompt_tokens, seed)
+        if spec.shuffle:
+            random.Random(spec.seed).shuffle(samples)
+        return iter(samples[:count])
+    path = Path(source).expanduser()
+    if not path.exists() and (source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES):
+        raise DataError(f"prompt source not found: {path}")
+    if spec.hub:
+        rows = _hub_rows(spec, split)
+        where = lambda i: f"{spec.label()}[{i}]"  # noqa: E731
+        if spec.shuffle and not spec.streaming:
+            rows = _shuffled(rows, spec.seed)
+    else:
+        if path.is_dir():
+            rows = _Indexed(_dataset_dir(path, split))
+            where = lambda i: f"{path}[{i}]"  # noqa: E731
+        else:
+            rows, where = _file_rows(path)
+        if spec.shuffle:
+            rows = _shuffled(rows, spec.seed)
+    rows = ((i, _mapped(row, spec)) for i, row in rows)
+    return itertools.islice(_samples(rows, where, skip_bad_rows, bad), count)
+
+
+def _builtin(source: str, split: str, limit: int | None, tokenizer: Any, prompt_tokens: int,
+             seed: int) -> list[Sample]:
+    if source in CHAT_SPLITS:
+        return chat_samples(CHAT_SPLITS[source], limit)
+    if source in DEMO_SPLITS:
+        return demo_samples(DEMO_SPLITS[source], limit or DEFAULT_DEMO_PROMPTS, prompt_tokens, tokenizer, seed)
+    splits = CHAT_SPLITS if source.startswith("chat:") else DEMO_SPLITS
+    kind = "chat corpus" if source.startswith("chat:") else "prompt source"
+    raise DataError(f"unknown built-in {kind} '{source}'; use {' or '.join(splits)}")
+
+
+def _shuffled(rows: Iterable[tuple[int, Any]], seed: int) -> Iterator[tuple[int, Any]]:
+    """The rows in a seeded random order; each keeps its index, so a bad row is still named by its line."""
+    if isinstance(rows, _Indexed):  # a datasets table: shuffle the indices, read rows on demand
+        order = list(range(len(rows.ds)))
+        random.Random(seed).shuffle(order)
+        return ((i, rows.ds[i]) for i in order)
+    rows = list(rows)
+    random.Random(seed).shuffle(rows)
+    return iter(rows)
+
+
+def _mapped(row: Any, spec: SourceSpec) -> Any:
+    """A row as ``normalize_row`` reads it: ``columns`` renamed to headway's field names, an explicit
+    ``format`` keeping only its own fields (so a row without them is a bad row, not another format)."""
+    if not isinstance(row, dict) or (not spec.columns and spec.format == "auto"):
+        return row
+    mapped = {**row, **{field: row[column] for field, column in spec.columns.items() if column in row}}
+    if spec.format != "auto":
+        keep = ("id", *FORMAT_FIELDS[spec.format])
+        mapped = {k: v for k, v in mapped.items() if k in keep or k not in _ALL_FIELDS}
+        main = FORMAT_FIELDS[spec.format][0]
+        if main not in mapped:
+            return BadRowError(f"no '{spec.columns.get(main, main)}' field, which format {spec.format} reads "
+                               f"(fields: {', '.join(sorted(map(str, row))) or 'none'}); map it with columns")
+    return mapped
+
+
+_ALL_FIELDS = frozenset(f for fs in FORMAT_FIELDS.values() for f in fs)
+
+
+def _mix(specs: list[SourceSpec], streams: list[Iterator[Sample]], limit: int | None) -> list[Sample]:
+    """Interleave the sources by weight: each next row comes from the source furthest below its share
+    (stride scheduling), so every prefix holds the shares and ``limit`` / ``skip`` cut the same mix.
+    The mix ends at the first row it needs from a source that has none left. Ids (``<source>:<row id>``)
+    and ``meta["source"]`` name the source a row came from."""
+    labels = [s.label() for s in specs]
+    taken = [0] * len(specs)
+    out: list[Sample] = []
+    while limit is None or len(out) < limit:
+        k = min(range(len(specs)), key=lambda j: ((taken[j] + 1) / specs[j].weight, j))
+        sample = next(streams[k], None)
+        if sample is None:
+            break
+        out.append(dataclasses.replace(sample, id=f"{labels[k]}:{sample.id}",
+                                       meta={**sample.meta, "source": labels[k]}))
+        taken[k] += 1
+    return out
+
+
+def check_source(source: Any) -> None:
+    """Refuse at once, without reading it, a source that cannot be read: a spec with a bad key or
+    value, a missing or unsupported file, an unknown built-in corpus. Commands call it before
+    loading a target (which can take minutes). Any other name is a Hub dataset, which only
+    ``read_samples`` can tell."""
+    for spec in _specs(source):
+        _check_one(spec.path)
+
+
+def _check_one(source: str) -> None:
     if source in CHAT_SPLITS or source in DEMO_SPLITS:
         return
     for prefix, splits in (("chat:", CHAT_SPLITS), ("demo:", DEMO_SPLITS)):
         if source.startswith(prefix):
             raise DataError(f"unknown built-in prompt source '{source}'; use {' or '.join(splits)}")
     path = Path(source).expanduser()
-    if path.is_file() and path.suffix.lower() not in (".jsonl", ".json", ".parquet"):
+    if path.is_file() and path.suffix.lower() not in FILE_SUFFIXES:
         raise DataError(f"{path}: unsupported prompt file type '{path.suffix}'; use .jsonl, .json or .parquet")
-    if not path.exists() and (source.startswith((".", "/", "~")) or path.suffix in (".jsonl", ".json", ".parquet")):
+    if not path.exists() and (source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES):
         raise DataError(f"prompt source not found: {path}")
 
 
-def _normalise(rows: Iterable[tuple[int, Any]], where: Any, limit: int | None, skip_bad_rows: bool,
-               name: str) -> SourceResult:
-    result = SourceResult([], name=name)
+def _samples(rows: Iterable[tuple[int, Any]], where: Any, skip_bad_rows: bool, bad: list[str]) -> Iterator[Sample]:
+    """Each row normalised; a bad row raises (naming it, and how to skip it) or goes to ``bad``."""
     for i, row in rows:
         try:
             if isinstance(row, BadRowError):
-                raise row
-            result.samples.append(normalize_row(row, i, where(i)))
+                raise row if str(row).startswith(str(where(i))) else BadRowError(f"{where(i)}: {row}")
+            yield normalize_row(row, i, where(i))
         except BadRowError as e:
             if not skip_bad_rows:
                 raise BadRowError(f"{e} (pass --skip-bad-rows to skip bad rows)") from None
-            result.bad.append(str(e))
-        if limit is not None and len(result.samples) >= limit:
-            break
-    return result
+            bad.append(str(e))
 
 
 def _file_rows(path: Path) -> tuple[Iterable[tuple[int, Any]], Any]:
@@ -233,14 +343,14 @@ def _parquet_rows(path: Path) -> Iterator[dict[str, Any]]:
         yield from batch.to_pylist()
 
 
-def _dataset_dir_rows(path: Path, split: str) -> Iterator[dict[str, Any]]:
+def _dataset_dir(path: Path, split: str) -> Any:
     import datasets
 
     try:
         ds = datasets.load_from_disk(str(path))
     except (FileNotFoundError, ValueError) as e:
         raise DataError(f"{path}: not a dataset folder written by datasets.save_to_disk ({one_line(e)})") from None
-    yield from _pick_split(ds, split, str(path))
+    return _pick_split(ds, split, str(path))
 
 
 def _pick_split(ds: Any, split: str, name: str) -> Any:
@@ -253,20 +363,74 @@ def _pick_split(ds: Any, split: str, name: str) -> Any:
     return ds
 
 
-def _hub_rows(name: str, split: str) -> Iterator[dict[str, Any]]:
+class _Indexed:
+    """(index, row) pairs of a datasets table; a shuffle reads its rows by index instead of listing them."""
+
+    def __init__(self, ds: Any) -> None:
+        self.ds = ds
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        return enumerate(self.ds)
+
+
+def _hub_rows(spec: SourceSpec, split: str) -> Iterable[tuple[int, Any]]:
+    ds = _load_hub(spec, split)
+    if spec.streaming:
+        if spec.shuffle:  # a stream cannot be permuted: draw from a seeded buffer instead
+            ds = ds.shuffle(seed=spec.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
+        return enumerate(ds)
+    return _Indexed(ds)
+
+
+def _load_hub(spec: SourceSpec, split: str) -> Any:
+    """``datasets.load_dataset`` of a spec. Where datasets cannot reach the Hub (offline, no network),
+    the files may still be in the Hub cache (``datasets--org--name/snapshots/<sha>``, what an online
+    load downloaded): then they are loaded from that folder, configs and all."""
     import datasets
 
+    kwargs = {"name": spec.config, "split": split, "data_files": spec.data_files or None,
+              "streaming": spec.streaming}
     try:
-        ds = datasets.load_dataset(name, split=split)
-    except (ConnectionError, OSError) as e:
-        raise DataError(f"'{name}' is neither a local file or folder nor a cached Hub dataset, and the Hub "
-                        f"cannot be reached ({one_line(e, 160)}); pass a .jsonl/.json/.parquet file or a "
+        return _load(datasets, spec.path, spec, kwargs)
+    except _Unreachable as e:
+        unreachable = e
+    folder = _cached_snapshot(spec.path)
+    if folder is None:
+        raise DataError(f"'{spec.path}' is neither a local file or folder nor a cached Hub dataset, and the Hub "
+                        f"cannot be reached ({one_line(unreachable, 160)}); pass a .jsonl/.json/.parquet file or a "
                         "datasets folder, or download the dataset while online") from None
+    try:
+        return _load(datasets, str(folder), spec, kwargs)
+    except _Unreachable as e:
+        raise DataError(f"cannot load Hub dataset '{spec.label()}' from its cached files {folder}: "
+                        f"{one_line(e)}") from None
+
+
+class _Unreachable(Exception):
+    pass
+
+
+def _load(datasets: Any, path: str, spec: SourceSpec, kwargs: dict[str, Any]) -> Any:
+    try:
+        return datasets.load_dataset(path, **kwargs)
+    except (ConnectionError, OSError) as e:
+        raise _Unreachable(e) from None
     except ValueError as e:  # unknown split, bad config
-        raise DataError(f"cannot load Hub dataset '{name}': {one_line(e)}") from None
+        raise DataError(f"cannot load Hub dataset '{spec.label()}': {one_line(e)}") from None
     except Exception as e:  # DatasetNotFoundError and friends
-        raise DataError(f"cannot load Hub dataset '{name}': {type(e).__name__}: {one_line(e)}") from None
-    yield from ds
+        raise DataError(f"cannot load Hub dataset '{spec.label()}': {type(e).__name__}: {one_line(e)}") from None
+
+
+def _cached_snapshot(name: str) -> Path | None:
+    """The Hub cache's snapshot folder of dataset ``name`` (no download), or None."""
+    from ..target import TargetError, resolve_folder
+
+    if name.count("/") != 1:
+        return None
+    try:
+        return resolve_folder(name, repo_type="dataset", local_files_only=True, what="dataset")
+    except TargetError:
+        return None
 
 
 def demo_samples(split: str, n: int, prompt_tokens: int, tokenizer: Any, seed: int) -> list[Sample]:

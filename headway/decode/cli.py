@@ -13,7 +13,8 @@ from .args import CALIBRATE_HELP, check_decode_args
 
 @dataclass
 class GenerateConfig(DecodeTargetArgs):
-    target: str = opt(help="target model: a folder, a Hub id, or 'demo' for the demo target", kw_only=True)
+    target: str | None = opt(None, "target model (required): a folder, a Hub id, or 'demo' for the demo target",
+                             kw_only=True)
     heads: str = opt(help="heads checkpoint: a folder or a Hub id")
     prompt: str = opt("", "the prompt (plain text; chat targets get their chat template with --chat)")
     max_new_tokens: int = opt(128, "tokens to generate at most")
@@ -35,6 +36,7 @@ class GenerateConfig(DecodeTargetArgs):
     posterior_alpha: float = opt(0.3, "typical acceptance: entropy factor (delta)")
 
     def __post_init__(self) -> None:  # a bad value fails here, before a model is loaded
+        super().__post_init__()
         check_decode_args(self.max_new_tokens, self.temperature, self.top_p, self.top_k,
                           (self.posterior_threshold, self.posterior_alpha) if self.typical else None)
         _check_tree(self.tree)
@@ -42,7 +44,7 @@ class GenerateConfig(DecodeTargetArgs):
 
 @dataclass
 class ChatConfig(DecodeTargetArgs):
-    target: str = opt(help="target model: a folder, a Hub id, or 'demo'", kw_only=True)
+    target: str | None = opt(None, "target model (required): a folder, a Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint: a folder or a Hub id")
     max_new_tokens: int = opt(256, "tokens per reply at most")
     temperature: float = opt(0.0, "0 = greedy")
@@ -51,6 +53,7 @@ class ChatConfig(DecodeTargetArgs):
     calibrate: bool = opt(True, CALIBRATE_HELP)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_decode_args(self.max_new_tokens, self.temperature, self.top_p)
         _check_tree(self.tree)
 

@@ -231,6 +231,7 @@ class TrainConfig(TargetArgs):
     dflash: DFlashOptions = field(default_factory=DFlashOptions)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_choice(self.kind, KINDS, "kind")
         check_choice(self.mixed_precision, PRECISIONS, "mixed_precision")
         check_choice(self.report_to, TRACKERS, "report_to")

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import to_dict
 from ..hardware import bf16_is_fast
+from ..optional import MissingDependency, need, skip_line
 from ..progress import Progress
 from .batch import (StoredLogits, TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch,
                     stored_keys, target_batch)
@@ -416,7 +417,7 @@ def make_accelerator(cfg: TrainConfig) -> Any:
     elif mp == "bf16" and on_cpu and not bf16_is_fast("cpu") and PartialState().is_main_process:
         print("warning: mixed_precision=bf16 on a CPU without fast bf16 matmul (emulated bf16 is many times "
               "slower than fp32 here); mixed_precision=auto picks what is fast", file=sys.stderr, flush=True)
-    log_with = None if cfg.report_to == "none" else [cfg.report_to]
+    log_with = tracker(cfg.report_to, PartialState().is_main_process)
     # AcceleratorState is a per-process singleton that refuses a second mixed_precision; reset it
     # (not the distributed PartialState) so several runs can share one process (tests, notebooks).
     AcceleratorState._reset_state()
@@ -839,6 +840,21 @@ def resume_run(run: TrainRun, adapted: bool) -> Path | None:
     return resume
 
 
+def tracker(report_to: str, main: bool) -> list[str] | None:
+    """accelerate's ``log_with`` for ``report_to``; a tracker whose package is not installed is left
+    out with one line saying what to install (the run's own log.jsonl still has every record)."""
+    if report_to == "none":
+        return None
+    try:
+        need(report_to, f"report_to: {report_to}")
+    except MissingDependency as e:
+        if main:
+            print(f"headway train: {skip_line(e, f'report_to: {report_to}')}; the run's log.jsonl has every "
+                  "record", file=sys.stderr, flush=True)
+        return None
+    return [report_to]
+
+
 def main_console(accelerator: Any) -> Any:
     from rich.console import Console
 
@@ -849,7 +865,7 @@ def start_log(run: TrainRun, resume: Path | None, eval_rows: int) -> None:
     """Trackers, and the run's first log record and line."""
     cfg, step = run.cfg, run.step
     run.log.truncate_after(step)
-    if cfg.report_to != "none":
+    if run.accelerator.log_with:
         run.accelerator.init_trackers(cfg.project, config=tracker_config(cfg),
                                       init_kwargs={"wandb": wandb_kwargs(cfg, run.out)})
     run.log.write({"event": "start", "step": step, "world_size": run.world, "total_steps": run.steps,
