@@ -281,3 +281,43 @@ def test_the_decoder_refuses_heads_trained_with_another_tokenizer(target, tmp_pa
     Speculator.from_pretrained(target, path, tokenizer=tok)  # the training tokenizer: fine
     with pytest.raises(HeadsError, match="fingerprint"):
         Speculator.from_pretrained(target, path, tokenizer=swapped(tok))
+
+
+# -- 6. issue #46: the last gaps found by probing the CLI -------------------------------------------
+def prompts_with_bad_rows(path: Path) -> tuple[Path, dict[int, str]]:
+    """40 prompt lines, 7 of them bad (an empty prompt, broken JSON, a non-UTF-8 byte): {line: reason}."""
+    bad = {3: "empty prompt", 5: "invalid JSON", 7: "empty prompt", 11: "empty prompt", 13: "not UTF-8",
+           31: "invalid JSON", 35: "empty prompt"}
+    lines = []
+    for n in range(1, 41):
+        reason = bad.get(n)
+        lines.append(b'{"prompt": ""}' if reason == "empty prompt" else b'{"prompt": "x' if reason == "invalid JSON"
+                     else BAD if reason == "not UTF-8" else json.dumps({"prompt": f"def f{n}():"}).encode())
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path, bad
+
+
+@pytest.mark.parametrize("command", ["distill", "tokenize"])
+def test_every_skipped_row_is_listed_the_first_few_on_the_terminal(target_dir, tmp_path, capsys, command):
+    """Only the first bad row was named ("skipped 7 bad row(s); first: p.jsonl:3: ..."): line 31's
+    broken JSON never appeared. Now the terminal names the first five and counts the rest, and the
+    manifest lists every one with its line."""
+    src, bad = prompts_with_bad_rows(tmp_path / "p.jsonl")
+    if command == "tokenize":  # rows with answers
+        lines = src.read_bytes().split(b"\n")
+        src.write_bytes(b"\n".join(line.replace(b'"}', b'", "completion": "pass"}') if b"def f" in line else line
+                                   for line in lines))
+    out = tmp_path / "out"
+    args = [command, str(src), "--target", str(target_dir), "--output", str(out), "--skip-bad-rows"]
+    if command == "distill":
+        args += ["--max-new-tokens", "2", "--device", "cpu", "--linear-kernel", "stock"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    manifest = json.loads((out / f"headway_{command}.json").read_text())
+    assert manifest["bad_rows_skipped"] == 7 and len(manifest["bad_rows"]) == 7
+    for row, (line, reason) in zip(manifest["bad_rows"], sorted(bad.items())):
+        assert row.startswith(f"{src}:{line}: {reason}"), row
+    shown = [line.strip() for line in err.splitlines() if line.startswith(f"  {src}:")]
+    assert shown == manifest["bad_rows"][:5]
+    assert "skipped 7 bad row(s):" in err
+    assert f"... and 2 more: every bad row is listed under 'bad_rows' in {out / f'headway_{command}.json'}" in err

@@ -45,7 +45,7 @@ from .plans import Plan, fit_budget, make_plan
 from ..publish import publish, publishing
 from .shards import (check_settings, complete_shards, digest, link_or_copy, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
-from .sources import SourceResult, read_samples
+from .sources import SourceResult, bad_rows_report, read_samples
 
 MANIFEST = "headway_distill.json"
 LOCK = ".lock"  # held (flock) by the process writing the folder; see output_lock
@@ -267,10 +267,11 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     settings = distill_settings(cfg, template, src)
     with procs.state.main_process_first():
         manifest = check_settings(out / MANIFEST, settings, {"format": FORMAT, "target_path": target_path,
-                                                            "target_info": asdict(info)}, SETTING_DEFAULTS)
+                                                            "target_info": asdict(info), "bad_rows": src.bad},
+                                  SETTING_DEFAULTS)
     say = console().print if procs.is_main else (lambda *a, **k: None)
-    if src.bad:
-        say(f"skipped {len(src.bad)} bad row(s); first: {src.bad[0]}")
+    if src.bad:  # file:line text, printed as it is (no markup, no wrapping)
+        say(bad_rows_report(src.bad, out / MANIFEST), markup=False, highlight=False, soft_wrap=True)
     if manifest.get("complete"):
         if feature_out is not None and not read_json_or_empty(feature_out / FEATURES_MANIFEST).get("complete"):
             raise DataError(f"{out} is complete but its features folder {feature_out} is not there (the shards they "
@@ -309,8 +310,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
             def store(shards: dict[int, Path], rows: int, tokens_per_s: float) -> None:
                 write_features(shards, feature_out, feature_settings(cfg, out, rows, layers), layers, info,
                                spec.store_dtype, tokens_per_s)
-        summary = finish(out, len(ranges), info.vocab_size, manifest, settings, len(src.bad), procs.world_size,
-                         store)
+        summary = finish(out, len(ranges), info.vocab_size, manifest, settings, src.bad, procs.world_size, store)
         say(summary_line(summary, out) + (f"; features in {feature_out}" if feature_out is not None else ""))
     procs.barrier()
     return out
@@ -503,7 +503,7 @@ def distill_settings(cfg: DistillConfig, template: str | None, src: SourceResult
 
 
 def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], settings: dict[str, Any],
-           bad_rows: int, world_size: int,
+           bad_rows: list[str], world_size: int,
            store: Callable[[dict[int, Path], int, float], None] | None = None) -> dict[str, Any]:
     """Merge the shards into the final dataset, count tokens, ``store`` the features (before the
     folder is marked complete and the shards go), mark the folder complete."""
@@ -524,7 +524,8 @@ def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], 
     merged = concatenate_datasets(parts)
     total = {k: sum(s[k] for s in stats) for k in ("rows", "dropped", "truncated", "prompt_tokens",
                                                    "generated_tokens", "seconds")}
-    total["bad_rows_skipped"] = bad_rows
+    total["bad_rows_skipped"] = len(bad_rows)
+    total["bad_rows"] = bad_rows  # every skipped row, "file:line: reason" (the terminal names the first few)
     total["world_size"] = world_size  # of the run that finished (a resumed run may have used another)
     total["shards_by_rank"] = {str(r): sum(s.get("rank", 0) == r for s in stats) for r in range(world_size)}
     total["tokens_per_s"] = round(total["generated_tokens"] / max(total["seconds"], 1e-9), 1)

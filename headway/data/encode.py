@@ -85,7 +85,7 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     from .distill import prepare_output, row_features, save_merged
     from .progress import console, quiet_datasets
     from .shards import write_json
-    from .sources import read_samples
+    from .sources import bad_rows_report, read_samples
     from ..target import resolve_target_path
     from .vocab import save_token_counts, token_frequencies
 
@@ -123,10 +123,12 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     write_json(out / MANIFEST, {"format": "headway-distilled", "complete": True, "source": cfg.source,
                                 "target": cfg.target, "revision": cfg.revision, "rows": len(rows),
                                 "tokens": tokens, "answer_tokens": sum(sum(r["loss_mask"]) for r in rows),
-                                "dropped": dropped, "truncated": truncated, "bad_rows_skipped": len(bad)})
-    extra = f"; skipped {len(bad)} bad row(s), first: {bad[0]}" if bad else ""
+                                "dropped": dropped, "truncated": truncated, "bad_rows_skipped": len(bad),
+                                "bad_rows": bad})
     console().print(f"tokenized {len(rows)} rows ({tokens} tokens, {dropped} dropped, {truncated} truncated) "
-                    f"into {out} in {time.perf_counter() - start:.1f}s{extra}")
+                    f"into {out} in {time.perf_counter() - start:.1f}s")
+    if bad:  # file:line text, printed as it is (no markup, no wrapping)
+        console().print(bad_rows_report(bad, out / MANIFEST), markup=False, highlight=False, soft_wrap=True)
     return out
 
 
