@@ -321,3 +321,45 @@ def test_every_skipped_row_is_listed_the_first_few_on_the_terminal(target_dir, t
     assert shown == manifest["bad_rows"][:5]
     assert "skipped 7 bad row(s):" in err
     assert f"... and 2 more: every bad row is listed under 'bad_rows' in {out / f'headway_{command}.json'}" in err
+
+
+@pytest.mark.parametrize("case", ["source-missing", "source-empty", "wrong-field", "target-missing"])
+def test_a_distill_that_refuses_to_start_leaves_no_folder_and_no_lock(target_dir, tmp_path, capsys, case):
+    src = tmp_path / "p.jsonl"
+    src.write_text({"source-empty": "", "wrong-field": '{"text": "def f():"}\n'}.get(case, '{"prompt": "x"}\n'))
+    source = str(tmp_path / "nope.jsonl") if case == "source-missing" else str(src)
+    target = str(tmp_path / "no-target") if case == "target-missing" else str(target_dir)
+    out = tmp_path / "runs" / "distilled"
+    one_line_error(capsys, ["distill", source, "--target", target, "--output", str(out), "--max-new-tokens", "2"])
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "mine").mkdir()  # a folder that was there stays, as it was: no lock left in it
+    one_line_error(capsys, ["distill", source, "--target", target, "--output", str(tmp_path / "mine")])
+    assert list((tmp_path / "mine").iterdir()) == []
+
+
+def test_a_lock_file_removed_under_a_waiting_process_is_not_trusted(tmp_path, monkeypatch):
+    """A failed run removes its lock file: a process that opened it just before locks a file no longer
+    there, and must lock the file now at the path instead (else a third process could lock that one too)."""
+    import fcntl
+
+    import headway.data.distill as distill_mod
+    from headway.data.distill import LOCK, output_lock
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / LOCK).write_text("")
+    opened = []
+
+    def open_then_lose_it(path, mode):  # the file goes between this process's open and its flock
+        f = open(path, mode)
+        if not opened:
+            Path(path).unlink()
+        opened.append(f)
+        return f
+
+    monkeypatch.setattr(distill_mod, "open", open_then_lose_it, raising=False)
+    with output_lock(folder):
+        assert len(opened) == 2 and (folder / LOCK).read_text() == f"{os.getpid()}\n"
+        with open(folder / LOCK) as other:  # what another process would open: locked by us
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -85,12 +85,13 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     from .distill import prepare_output, row_features, save_merged
     from .progress import console, quiet_datasets
     from .shards import write_json
-    from .sources import bad_rows_report, read_samples
+    from .sources import bad_rows_report, check_source, read_samples
     from ..target import resolve_target_path
     from .vocab import save_token_counts, token_frequencies
 
     start = time.perf_counter()
     out = Path(cfg.output).expanduser()
+    check_source(cfg.source)  # a missing file is refused before the target's tokenizer loads
     prepare_output(out, cfg.overwrite, MANIFEST)
     target_path = resolve_target_path(cfg.target)
     tokenizer = AutoTokenizer.from_pretrained(target_path, revision=cfg.revision)
