@@ -363,3 +363,52 @@ def test_a_lock_file_removed_under_a_waiting_process_is_not_trusted(tmp_path, mo
         with open(folder / LOCK) as other:  # what another process would open: locked by us
             with pytest.raises(BlockingIOError):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+NAMES = {  # a name with nothing local under it -> what the message says (cwd holds probe/ and a file)
+    "probe/nope": "no such folder 'probe/nope'",  # probe/ is a folder here: a path, not an org
+    "./nope": "no such folder './nope'", "../nope": "no such folder '../nope'", "~/nope-46": "no such folder '~/nope-46'",
+    "probe/nope/deeper": "no such folder 'probe/nope/deeper'", "a b/c": "no such folder 'a b/c'",
+    "someorg/nope": "no such folder 'someorg/nope', and as a Hub repo id it is not in the local Hub cache "
+                    "(HF_HUB_OFFLINE is set: the Hub was not asked)",
+    "file.txt": "'file.txt' is a file, not a folder",
+}
+
+
+@pytest.fixture
+def probe_cwd(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))  # empty: nothing cached
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_missing_heads_folder_is_named_as_such(probe_cwd, target_dir, capsys, name):
+    """`--heads probe/nope` was taken for a Hub id: the error spoke of the offline Hub cache. A name
+    that can only be a path says "no such folder"; a Hub id says both, in one line."""
+    err = one_line_error(capsys, ["generate", "--target", str(target_dir), "--heads", name, "--prompt", "x"])
+    assert err == f"headway generate: error: heads checkpoint not found: {NAMES[name]}"
+
+
+@pytest.mark.parametrize("name", [*NAMES, "nope"])
+def test_a_missing_target_folder_is_named_as_such(probe_cwd, heads_dir, capsys, name):
+    err = one_line_error(capsys, ["generate", "--target", name, "--heads", str(heads_dir), "--prompt", "x"])
+    # a bare name is a Hub model id too (transformers still resolves `gpt2`), unlike a heads repo
+    want = NAMES.get(name) or NAMES["someorg/nope"].replace("someorg/nope", "nope")
+    assert err == f"headway generate: error: target not found: {want}"
+
+
+def test_messages_name_a_target_path_as_it_was_given(probe_cwd, heads_dir, capsys):
+    """The heads/target hidden-size mismatch printed the target's absolute path; the others the path as given."""
+    save_tiny_target(probe_cwd / "wide", "llama", num_hidden_layers=2, hidden_size=32, intermediate_size=64)
+    for given in ("wide", "./wide"):
+        err = one_line_error(capsys, ["generate", "--target", given, "--heads", str(heads_dir), "--prompt", "x"])
+        assert err.endswith(f"but this target has hidden_size=32 ({given})") and str(probe_cwd) not in err
+    (probe_cwd / "wide" / "config.json").write_text("{")
+    err = one_line_error(capsys, ["generate", "--target", "./wide", "--heads", str(heads_dir), "--prompt", "x"])
+    assert err.startswith("headway generate: error: wide/config.json: invalid JSON") and str(probe_cwd) not in err
