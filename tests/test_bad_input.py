@@ -323,15 +323,19 @@ def test_every_skipped_row_is_listed_the_first_few_on_the_terminal(target_dir, t
     assert f"... and 2 more: every bad row is listed under 'bad_rows' in {out / f'headway_{command}.json'}" in err
 
 
-@pytest.mark.parametrize("case", ["source-missing", "source-empty", "wrong-field", "target-missing"])
+@pytest.mark.parametrize("case", ["source-missing", "source-empty", "wrong-field", "target-missing", "all-bad"])
 def test_a_distill_that_refuses_to_start_leaves_no_folder_and_no_lock(target_dir, tmp_path, capsys, case):
     src = tmp_path / "p.jsonl"
-    src.write_text({"source-empty": "", "wrong-field": '{"text": "def f():"}\n'}.get(case, '{"prompt": "x"}\n'))
+    src.write_text({"source-empty": "", "wrong-field": '{"text": "def f():"}\n',
+                    "all-bad": '{"prompt": ""}\n{"text": "x"}\n'}.get(case, '{"prompt": "x"}\n'))
     source = str(tmp_path / "nope.jsonl") if case == "source-missing" else str(src)
     target = str(tmp_path / "no-target") if case == "target-missing" else str(target_dir)
     out = tmp_path / "runs" / "distilled"
-    one_line_error(capsys, ["distill", source, "--target", target, "--output", str(out), "--max-new-tokens", "2"])
+    skip = ["--skip-bad-rows"] if case == "all-bad" else []
+    err = one_line_error(capsys, ["distill", source, "--target", target, "--output", str(out), *skip])
     assert not (tmp_path / "runs").exists()
+    if case == "all-bad":  # not one row to distil: the error names the first bad one
+        assert err.endswith(f"no usable prompts in {src} (2 bad rows; the first: {src}:1: empty prompt)")
     (tmp_path / "mine").mkdir()  # a folder that was there stays, as it was: no lock left in it
     one_line_error(capsys, ["distill", source, "--target", target, "--output", str(tmp_path / "mine")])
     assert list((tmp_path / "mine").iterdir()) == []

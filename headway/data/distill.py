@@ -261,7 +261,8 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     src = read_samples(cfg.source, split=cfg.split, limit=cfg.limit, skip_bad_rows=cfg.skip_bad_rows,
                        tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens, seed=cfg.seed, skip=cfg.skip)
     if not src.samples:
-        raise DataError(f"no usable prompts in {cfg.source}" + (f" ({len(src.bad)} bad rows)" if src.bad else ""))
+        raise DataError(f"no usable prompts in {cfg.source}" + (f" ({len(src.bad)} bad rows; the first: {src.bad[0]})"
+                                                                if src.bad else ""))
     check_chat_inputs(src, template, cfg)
     info = TargetInfo.of(model, cfg.target, cfg.revision)
     spec, layers = feature_spec(cfg, info.num_hidden_layers)

@@ -114,7 +114,8 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
             rows.append({"index": i, "id": sample.id, "input_ids": fitted[0], "loss_mask": fitted[1],
                          "finish_reason": "given"})
     if not rows:
-        raise DataError(f"no usable rows in {cfg.source} ({len(bad)} bad, {dropped} too long)")
+        first = f"; the first bad one: {bad[0]}" if bad else ""
+        raise DataError(f"no usable rows in {cfg.source} ({len(bad)} bad, {dropped} too long{first})")
     out.mkdir(parents=True, exist_ok=True)
     with quiet_datasets():
         ds = Dataset.from_list(rows, features=row_features())
