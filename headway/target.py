@@ -8,7 +8,7 @@ Light at import (no torch): the command configs subclass ``TargetArgs``, and ``-
 from __future__ import annotations
 
 import importlib
-import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,12 +147,29 @@ class DecodeTargetArgs(TargetArgs):
 
 def resolve_target_path(name: str) -> str:
     """A built-in name (``"demo"``, ``"smollm2"``) -> its folder (built on first use, then cached);
-    a local path -> its absolute form; anything else (a Hub id) unchanged."""
+    a local path -> its absolute form (messages still show it as given: ``as_given``); a Hub id
+    unchanged. A name that can only be a folder and is not there is refused at once."""
     if name in BUILDERS:
         module, _, attr = BUILDERS[name].partition(":")
         return str(getattr(importlib.import_module(module), attr)(name))
     path = local_path(name)
-    return str(path.resolve()) if path is not None else name  # a Hub id: from_pretrained fetches it (resolve_folder's cache)
+    if path is None:
+        if folder_only(name):
+            raise TargetError(missing_message(name, "target"))
+        return name  # a Hub id: from_pretrained fetches it (resolve_folder's cache)
+    resolved = str(path.resolve())
+    _AS_GIVEN[resolved] = name
+    return resolved
+
+
+# resolved local target paths -> the name as the user gave it, so that messages name the path
+# the user typed (``wide``), not the absolute one the loaders are handed (``/home/me/wide``)
+_AS_GIVEN: dict[str, str] = {}
+
+
+def as_given(name_or_path: str) -> str:
+    """A target path as the user gave it to ``resolve_target_path``; any other name unchanged."""
+    return _AS_GIVEN.get(name_or_path, name_or_path)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None) -> Any:
@@ -235,8 +252,8 @@ class TargetInfo:
         for name in ("hidden_size", "vocab_size"):
             mine, theirs = getattr(self, name), getattr(other, name)
             if mine != theirs:
-                raise TargetError(f"{what} were trained for a target with {name}={mine}, "
-                                  f"but this target has {name}={theirs} ({other.name_or_path or 'model in hand'})")
+                raise TargetError(f"{what} were trained for a target with {name}={mine}, but this target has "
+                                  f"{name}={theirs} ({as_given(other.name_or_path) or 'model in hand'})")
 
 
 # -- one resolver: a local folder or a Hub repo id --------------------------------------------
@@ -248,31 +265,72 @@ def local_path(name_or_path: str | Path) -> Path | None:
 
 
 def resolve_folder(name_or_path: str | Path, revision: str | None = None, *, allow_patterns: list[str] | None = None,
-                   what: str = "checkpoint", fetching: str = "", error: type[HeadwayError] = TargetError,
+                   what: str = "checkpoint", error: type[HeadwayError] = TargetError,
                    repo_type: str = "model", local_files_only: bool = False) -> Path:
     """The one resolver of "a local folder or a Hub repo id": the folder, or the repo (``org/name``)
     fetched through huggingface_hub into its cache (``models--org--name/snapshots/<sha>``; offline,
     the cached snapshot), only the files ``allow_patterns`` match. Heads loading, ``headway import``
     and the target loader all go through here; errors are one ``error`` line (``what`` names the
-    thing in "not found", ``fetching`` in "cannot fetch")."""
+    thing in "not found")."""
     p = local_path(name_or_path)
     if p is not None and p.is_dir():
         return p
     s = str(name_or_path)
-    if s.startswith((".", "/", "~")) or s.count("/") != 1:
-        raise error(f"{what} not found: '{s}' is not a folder and not a Hub repo id (org/name)")
+    if p is not None:
+        raise error(f"{what} not found: '{s}' is a file, not a folder")
+    if folder_only(s, bare=False):
+        raise error(missing_message(s, what))
     from huggingface_hub import snapshot_download
 
     try:
         return Path(snapshot_download(s, revision=revision, allow_patterns=allow_patterns, repo_type=repo_type,
                                       local_files_only=local_files_only))
     except Exception as e:  # offline, missing repo, no network: say which in one line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise error(f"cannot fetch {fetching}'{s}' from the Hub: {first}") from None
+        raise error(missing_message(s, what, e, revision)) from None
 
 
-def _is_local(name_or_path: str) -> bool:
-    return name_or_path.startswith((".", "/", "~")) or os.sep in name_or_path and local_path(name_or_path) is not None
+# A Hub repo id as huggingface_hub's validate_repo_id spells it: "name" or "org/name", each part of
+# letters, digits, '-', '_' and '.', starting and ending with a letter, digit or '_'; at most 96 long
+_HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_HUB_ID = re.compile(rf"(?:{_HUB_PART}/)?{_HUB_PART}")
+
+
+def is_hub_id(name: str, bare: bool = True) -> bool:
+    """Whether ``name`` is spelled like a Hub repo id. ``bare``: a name without an org (``gpt2``)
+    counts, as transformers resolves such model names; a heads repo is always ``org/name``."""
+    return (_HUB_ID.fullmatch(name) is not None and "--" not in name and ".." not in name
+            and not name.endswith(".git") and (bare or "/" in name))
+
+
+def folder_only(name: str, bare: bool = True) -> bool:
+    """Whether a name with no local file or folder under it can only mean a missing folder: it is no
+    Hub repo id (``./x``, ``../x``, ``~/x``, ``/x``, ``a/b/c``, a space), or its first part is a
+    folder here (``probe/nope`` beside ``probe/``: a typo in a path, not an org on the Hub)."""
+    return not is_hub_id(name, bare) or ("/" in name and Path(name.split("/")[0]).is_dir())
+
+
+def missing_message(name: str, what: str, hub_error: BaseException | None = None,
+                    revision: str | None = None) -> str:
+    """One line for a name with no local folder: that it is missing, and, for a name that is also a
+    Hub repo id (``hub_error``: why the Hub or its cache did not give it), what the Hub said."""
+    if hub_error is None:
+        return f"{what} not found: no such folder '{name}'"
+    from huggingface_hub import constants
+
+    at = f" at revision '{revision}'" if revision else ""
+    if constants.HF_HUB_OFFLINE and not _in_hub_cache(name):
+        why = f"as a Hub repo id it is not in the local Hub cache{at} (HF_HUB_OFFLINE is set: the Hub was not asked)"
+    else:
+        first = (str(hub_error).strip().splitlines() or [type(hub_error).__name__])[0]
+        why = f"as a Hub repo id{at}: {first}"
+    return f"{what} not found: no such folder '{name}', and {why}"
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    return (Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")).is_dir()
 
 
 def load_config_only(name_or_path: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
@@ -280,17 +338,28 @@ def load_config_only(name_or_path: str, revision: str | None = None, trust_remot
 
     from .config import read_json_object
 
-    path = Path(name_or_path).expanduser()
-    if _is_local(name_or_path) and not path.exists():
-        raise TargetError(f"target path does not exist: {path}")
-    if path.is_dir() and (path / "config.json").is_file():
-        read_json_object(path / "config.json", TargetError)  # transformers says only "not a valid JSON file"
+    given = as_given(name_or_path)
+    path = local_path(name_or_path)
+    if path is None and folder_only(name_or_path):
+        raise TargetError(missing_message(given, "target"))
+    if path is not None and not path.is_dir():
+        raise TargetError(f"target not found: '{given}' is a file, not a folder")
+    if path is not None and (path / "config.json").is_file():  # read as given: the message names that path
+        read_json_object(Path(given).expanduser() / "config.json", TargetError)  # transformers: "not a valid JSON file"
     try:
-        return AutoConfig.from_pretrained(str(path) if path.exists() else name_or_path, revision=revision,
+        return AutoConfig.from_pretrained(str(path) if path is not None else name_or_path, revision=revision,
                                           trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:  # ValueError: no or unknown model_type
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TargetError(f"cannot load target '{name_or_path}': {first}") from None
+    except OSError as e:  # no such repo (or not in the offline cache), or no config.json in it
+        if path is None:
+            raise TargetError(missing_message(given, "target", e, revision)) from None
+        raise TargetError(f"cannot load target '{given}': {one_line(e)}") from None
+    except ValueError as e:  # no or unknown model_type
+        raise TargetError(f"cannot load target '{given}': {one_line(e)}") from None
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's first line (transformers' and huggingface_hub's messages run to several)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def check_weight_files(folder: Path) -> None:
@@ -317,7 +386,7 @@ def causal_lm_config(name_or_path: str, revision: str | None, trust_remote_code:
 
     config = load_config_only(name_or_path, revision, trust_remote_code)
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not trust_remote_code:
-        raise TargetError(f"'{name_or_path}' is a '{config.model_type}' model, not a causal LM "
+        raise TargetError(f"'{as_given(name_or_path)}' is a '{config.model_type}' model, not a causal LM "
                           "(AutoModelForCausalLM cannot load it); headway needs a decoder-only language model")
     local = local_path(name_or_path)
     return config, str(local) if local is not None else name_or_path
@@ -348,19 +417,20 @@ def load_target(name_or_path: str, dtype: str | torch.dtype | None = "float32", 
         kwargs["dtype"] = load_dtype(dtype, device, device_map)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    given = as_given(name_or_path)
     if Path(src).is_dir():
-        check_weight_files(Path(src))
+        check_weight_files(Path(given).expanduser())  # as given: its messages name the files
     try:
         model = AutoModelForCausalLM.from_pretrained(src, **kwargs)
     except ImportError as e:  # flash_attention_2 without flash-attn, device_map without accelerate
-        raise TargetError(f"cannot load '{name_or_path}' as asked: {str(e).strip().splitlines()[0]}") from None
+        raise TargetError(f"cannot load '{given}' as asked: {one_line(e)}") from None
     except SafetensorError as e:  # a broken file in a Hub cache: safetensors' error names neither file nor cause
-        raise TargetError(f"cannot load the weights of '{name_or_path}': {' '.join(str(e).split())}; a weight "
+        raise TargetError(f"cannot load the weights of '{given}': {' '.join(str(e).split())}; a weight "
                           "file is probably truncated or corrupt (download it again)") from None
     tokenizer = load_tokenizer(name_or_path, src, revision, trust_remote_code)
     if adapter:
         model = apply_adapter(model, adapter)
-    check_vocab(model, tokenizer, name_or_path)
+    check_vocab(model, tokenizer, given)
     if device_map is None:
         model.to(device or default_device())
     return freeze(model), tokenizer
@@ -372,7 +442,7 @@ def load_tokenizer(name_or_path: str, src: str, revision: str | None, trust_remo
     try:
         return AutoTokenizer.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
-        raise TargetError(f"cannot load the tokenizer of '{name_or_path}': {str(e).splitlines()[0]}") from None
+        raise TargetError(f"cannot load the tokenizer of '{as_given(name_or_path)}': {one_line(e)}") from None
 
 
 def load_target_shell(name_or_path: str, revision: str | None = None,
@@ -391,7 +461,7 @@ def load_target_shell(name_or_path: str, revision: str | None = None,
     except OSError:
         pass
     tokenizer = load_tokenizer(name_or_path, src, revision, trust_remote_code)
-    check_vocab(model, tokenizer, name_or_path)
+    check_vocab(model, tokenizer, as_given(name_or_path))
     return freeze(model), tokenizer
 
 
@@ -404,9 +474,14 @@ def apply_adapter(model: nn.Module, adapter: str) -> nn.Module:
     from peft import PeftModel
 
     local = local_path(adapter)
-    if local is None and _is_local(adapter):
-        raise TargetError(f"adapter path does not exist: {adapter}")
-    return PeftModel.from_pretrained(model, str(local) if local is not None else adapter).merge_and_unload()
+    if local is None and folder_only(adapter):
+        raise TargetError(missing_message(adapter, "adapter"))
+    try:
+        return PeftModel.from_pretrained(model, str(local) if local is not None else adapter).merge_and_unload()
+    except (OSError, ValueError) as e:  # no such Hub repo (or not in the offline cache), no adapter files
+        if local is None:
+            raise TargetError(missing_message(adapter, "adapter", e)) from None
+        raise
 
 
 def check_vocab(model: nn.Module, tokenizer: Any, name: str = "target") -> None:

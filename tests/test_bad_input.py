@@ -281,3 +281,138 @@ def test_the_decoder_refuses_heads_trained_with_another_tokenizer(target, tmp_pa
     Speculator.from_pretrained(target, path, tokenizer=tok)  # the training tokenizer: fine
     with pytest.raises(HeadsError, match="fingerprint"):
         Speculator.from_pretrained(target, path, tokenizer=swapped(tok))
+
+
+# -- 6. issue #46: the last gaps found by probing the CLI -------------------------------------------
+def prompts_with_bad_rows(path: Path) -> tuple[Path, dict[int, str]]:
+    """40 prompt lines, 7 of them bad (an empty prompt, broken JSON, a non-UTF-8 byte): {line: reason}."""
+    bad = {3: "empty prompt", 5: "invalid JSON", 7: "empty prompt", 11: "empty prompt", 13: "not UTF-8",
+           31: "invalid JSON", 35: "empty prompt"}
+    lines = []
+    for n in range(1, 41):
+        reason = bad.get(n)
+        lines.append(b'{"prompt": ""}' if reason == "empty prompt" else b'{"prompt": "x' if reason == "invalid JSON"
+                     else BAD if reason == "not UTF-8" else json.dumps({"prompt": f"def f{n}():"}).encode())
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path, bad
+
+
+@pytest.mark.parametrize("command", ["distill", "tokenize"])
+def test_every_skipped_row_is_listed_the_first_few_on_the_terminal(target_dir, tmp_path, capsys, command):
+    """Only the first bad row was named ("skipped 7 bad row(s); first: p.jsonl:3: ..."): line 31's
+    broken JSON never appeared. Now the terminal names the first five and counts the rest, and the
+    manifest lists every one with its line."""
+    src, bad = prompts_with_bad_rows(tmp_path / "p.jsonl")
+    if command == "tokenize":  # rows with answers
+        lines = src.read_bytes().split(b"\n")
+        src.write_bytes(b"\n".join(line.replace(b'"}', b'", "completion": "pass"}') if b"def f" in line else line
+                                   for line in lines))
+    out = tmp_path / "out"
+    args = [command, str(src), "--target", str(target_dir), "--output", str(out), "--skip-bad-rows"]
+    if command == "distill":
+        args += ["--max-new-tokens", "2", "--device", "cpu", "--linear-kernel", "stock"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    manifest = json.loads((out / f"headway_{command}.json").read_text())
+    assert manifest["bad_rows_skipped"] == 7 and len(manifest["bad_rows"]) == 7
+    for row, (line, reason) in zip(manifest["bad_rows"], sorted(bad.items())):
+        assert row.startswith(f"{src}:{line}: {reason}"), row
+    shown = [line.strip() for line in err.splitlines() if line.startswith(f"  {src}:")]
+    assert shown == manifest["bad_rows"][:5]
+    assert "skipped 7 bad row(s):" in err
+    assert f"... and 2 more: every bad row is listed under 'bad_rows' in {out / f'headway_{command}.json'}" in err
+
+
+@pytest.mark.parametrize("case", ["source-missing", "source-empty", "wrong-field", "target-missing", "all-bad"])
+def test_a_distill_that_refuses_to_start_leaves_no_folder_and_no_lock(target_dir, tmp_path, capsys, case):
+    src = tmp_path / "p.jsonl"
+    src.write_text({"source-empty": "", "wrong-field": '{"text": "def f():"}\n',
+                    "all-bad": '{"prompt": ""}\n{"text": "x"}\n'}.get(case, '{"prompt": "x"}\n'))
+    source = str(tmp_path / "nope.jsonl") if case == "source-missing" else str(src)
+    target = str(tmp_path / "no-target") if case == "target-missing" else str(target_dir)
+    out = tmp_path / "runs" / "distilled"
+    skip = ["--skip-bad-rows"] if case == "all-bad" else []
+    err = one_line_error(capsys, ["distill", source, "--target", target, "--output", str(out), *skip])
+    assert not (tmp_path / "runs").exists()
+    if case == "all-bad":  # not one row to distil: the error names the first bad one
+        assert err.endswith(f"no usable prompts in {src} (2 bad rows; the first: {src}:1: empty prompt)")
+    (tmp_path / "mine").mkdir()  # a folder that was there stays, as it was: no lock left in it
+    one_line_error(capsys, ["distill", source, "--target", target, "--output", str(tmp_path / "mine")])
+    assert list((tmp_path / "mine").iterdir()) == []
+
+
+def test_a_lock_file_removed_under_a_waiting_process_is_not_trusted(tmp_path, monkeypatch):
+    """A failed run removes its lock file: a process that opened it just before locks a file no longer
+    there, and must lock the file now at the path instead (else a third process could lock that one too)."""
+    import fcntl
+
+    import headway.data.distill as distill_mod
+    from headway.data.distill import LOCK, output_lock
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / LOCK).write_text("")
+    opened = []
+
+    def open_then_lose_it(path, mode):  # the file goes between this process's open and its flock
+        f = open(path, mode)
+        if not opened:
+            Path(path).unlink()
+        opened.append(f)
+        return f
+
+    monkeypatch.setattr(distill_mod, "open", open_then_lose_it, raising=False)
+    with output_lock(folder):
+        assert len(opened) == 2 and (folder / LOCK).read_text() == f"{os.getpid()}\n"
+        with open(folder / LOCK) as other:  # what another process would open: locked by us
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+NAMES = {  # a name with nothing local under it -> what the message says (cwd holds probe/ and a file)
+    "probe/nope": "no such folder 'probe/nope'",  # probe/ is a folder here: a path, not an org
+    "./nope": "no such folder './nope'", "../nope": "no such folder '../nope'", "~/nope-46": "no such folder '~/nope-46'",
+    "probe/nope/deeper": "no such folder 'probe/nope/deeper'", "a b/c": "no such folder 'a b/c'",
+    "someorg/nope": "no such folder 'someorg/nope', and as a Hub repo id it is not in the local Hub cache "
+                    "(HF_HUB_OFFLINE is set: the Hub was not asked)",
+    "file.txt": "'file.txt' is a file, not a folder",
+}
+
+
+@pytest.fixture
+def probe_cwd(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))  # empty: nothing cached
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_missing_heads_folder_is_named_as_such(probe_cwd, target_dir, capsys, name):
+    """`--heads probe/nope` was taken for a Hub id: the error spoke of the offline Hub cache. A name
+    that can only be a path says "no such folder"; a Hub id says both, in one line."""
+    err = one_line_error(capsys, ["generate", "--target", str(target_dir), "--heads", name, "--prompt", "x"])
+    assert err == f"headway generate: error: heads checkpoint not found: {NAMES[name]}"
+
+
+@pytest.mark.parametrize("name", [*NAMES, "nope"])
+def test_a_missing_target_folder_is_named_as_such(probe_cwd, heads_dir, capsys, name):
+    err = one_line_error(capsys, ["generate", "--target", name, "--heads", str(heads_dir), "--prompt", "x"])
+    # a bare name is a Hub model id too (transformers still resolves `gpt2`), unlike a heads repo
+    want = NAMES.get(name) or NAMES["someorg/nope"].replace("someorg/nope", "nope")
+    assert err == f"headway generate: error: target not found: {want}"
+
+
+def test_messages_name_a_target_path_as_it_was_given(probe_cwd, heads_dir, capsys):
+    """The heads/target hidden-size mismatch printed the target's absolute path; the others the path as given."""
+    save_tiny_target(probe_cwd / "wide", "llama", num_hidden_layers=2, hidden_size=32, intermediate_size=64)
+    for given in ("wide", "./wide"):
+        err = one_line_error(capsys, ["generate", "--target", given, "--heads", str(heads_dir), "--prompt", "x"])
+        assert err.endswith(f"but this target has hidden_size=32 ({given})") and str(probe_cwd) not in err
+    (probe_cwd / "wide" / "config.json").write_text("{")
+    err = one_line_error(capsys, ["generate", "--target", "./wide", "--heads", str(heads_dir), "--prompt", "x"])
+    assert err.startswith("headway generate: error: wide/config.json: invalid JSON") and str(probe_cwd) not in err

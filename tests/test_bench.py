@@ -282,7 +282,7 @@ def test_assistant_none_skips_the_assisted_baseline(folders, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--heads", "/nope"], "heads checkpoint not found: '/nope'"),
+    (["--heads", "/nope"], "heads checkpoint not found: no such folder '/nope'"),
     (["--heads", "NOT_HEADS"], "has no config.json; is it a headway heads checkpoint?"),
     (["--prompts", "/nope/prompts.jsonl"], "prompt source not found: /nope/prompts.jsonl"),
     (["--prompts", "demo:tset"], "unknown built-in prompt source 'demo:tset'"),

@@ -77,7 +77,15 @@ def test_check_decode_args_refuses_what_cannot_fit_the_context():
     ("dynamic-4-5-1", "total_tokens >= 2"),
     ("static:[]", "non-empty JSON list"),
     ("static:[[0],[]]", "non-empty JSON list"),
-    ("static:[[0,-1]]", "negative rank"),
+    ("static:[[0],[0,-1]]", "node [0,-1] has rank -1; a rank is a whole number >= 0"),
+    # #46: a node whose parent is missing was accepted (the parent added silently: another tree)
+    ("static:[[0,0]]", "node [0,0] has no parent: list [0] too"),
+    ("static:[[0],[5,0]]", "node [5,0] has no parent: list [5] too"),
+    ("static:[[0],[1],[1,2,0]]", "node [1,2,0] has no parent: list [1,2] too"),
+    ("static:[[0],[0.5]]", "node [0.5] has rank 0.5"),
+    ("static:[[0],[true]]", "node [true] has rank true"),
+    ('static:[[0],["1"]]', 'node ["1"] has rank "1"'),
+    ("static:[[0],[1],[0]]", "node [0] is listed twice"),
     ("bogus", "unknown tree"),
 ])
 def test_malformed_tree_specs_are_clear_errors(spec, words):

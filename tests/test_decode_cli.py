@@ -54,7 +54,7 @@ def test_heads_for_another_target_are_refused(tmp_path):
 
 
 def test_missing_target_path_is_a_clear_error():
-    with pytest.raises(TargetError, match="does not exist"):
+    with pytest.raises(TargetError, match="^target not found: no such folder '/definitely/not/here'$"):
         load_target("/definitely/not/here")
 
 

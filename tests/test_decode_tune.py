@@ -24,11 +24,11 @@ def test_shape_spec_round_trip():
         assert parse_shape(shape_spec(shape)).paths == shape.paths
     assert shape_spec(parse_shape("dynamic-4-5-16")) == "dynamic-4-5-16"
     # a chain is stored by name, and one written out as a static path is named a chain in reports
-    assert shape_spec(chain(2)) == shape_spec(parse_shape("static:[[0,0]]")) == "chain-2"
+    assert shape_spec(chain(2)) == shape_spec(parse_shape("static:[[0],[0,0]]")) == "chain-2"
     assert tree_spec(parse_shape("static:[[0]]")) == "chain-1"
     # a static tree is reported by its paths (two of them in one bench stay apart), which read back
     assert tree_spec(parse_shape("static: [[0], [1]]")) == "static:[[0],[1]]"
-    assert parse_shape(tree_spec(parse_shape("static:[[0],[1,0]]"))).paths == [(0,), (1,), (1, 0)]
+    assert parse_shape(tree_spec(parse_shape("static:[[0],[1],[1,0]]"))).paths == [(0,), (1,), (1, 0)]
 
 
 def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, capsys):

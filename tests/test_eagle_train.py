@@ -40,7 +40,17 @@ def config(setup, out: Path, kind: str, **kw) -> TrainConfig:
     base = {"kind": kind, "target": str(target), "data": str(data), "output_dir": str(out), "batch_size": 4,
             "max_steps": 6, "log_every": 1, "save_every": 0, "eval_fraction": 0.25, "progress": False,
             "optim.lr": 3e-3, "eagle.ttt_steps": 3, "eagle.draft_vocab_size": 128}
-    return load_config(TrainConfig, None, {**base, **kw})
+    steps = kw.pop("max_steps", 6)
+    return untrained_if_zero(load_config(TrainConfig, None, {**base, **kw, "max_steps": steps or 1}), steps)
+
+
+def untrained_if_zero(cfg: TrainConfig, max_steps: int | None) -> TrainConfig:
+    """max_steps=0: the heads a run starts from, saved without a step (for comparison). The config
+    refuses 0 from users (it would save untrained heads as a finished run's `final`), so tests set
+    it after the check."""
+    if max_steps == 0:
+        cfg.max_steps = 0
+    return cfg
 
 
 def losses(out: Path) -> list[float]:
@@ -315,8 +325,8 @@ def test_a_briefly_trained_drafter_beats_its_untrained_self(greedy_text, tmp_pat
     base = {"kind": kind, "target": str(target), "data": str(train_data), "eval_data": str(eval_data),
             "batch_size": 8, "log_every": 50, "save_every": 0, "progress": False, "optim.lr": 3e-3,
             "optim.warmup_steps": 10, "eagle.ttt_steps": 2, "eagle.draft_vocab_size": 256}
-    before = load_heads(train(load_config(TrainConfig, None, {**base, "max_steps": 0,
-                                                              "output_dir": str(tmp_path / "untrained")})))
+    before = load_heads(train(untrained_if_zero(load_config(TrainConfig, None, {**base, "max_steps": 1, "output_dir":
+                                                                                str(tmp_path / "untrained")}), 0)))
     after = load_heads(train(load_config(TrainConfig, None, {**base, "max_steps": 200,
                                                              "output_dir": str(tmp_path / "trained")})))
     e0, e1 = before.metadata["eval"], after.metadata["eval"]

@@ -161,7 +161,7 @@ def test_load_by_repo_id_from_the_hub_cache_offline(medusa, target, tmp_path, mo
     torch.testing.assert_close(loaded(x), medusa.attach(target)(x))
     assert loaded.metadata["eval"]["tau"] == 1.75
     assert isinstance(load_heads("someorg/tiny-medusa", revision=commit), MedusaHeads)
-    with pytest.raises(HeadsError, match="cannot fetch heads 'someorg/absent'"):
+    with pytest.raises(HeadsError, match="no such folder 'someorg/absent', and as a Hub repo id it is not in"):
         load_heads("someorg/absent")
 
 

@@ -25,7 +25,7 @@ def test_every_fixture_architecture_loads(target_dirs):
 
 
 def test_missing_path(tmp_path):
-    with pytest.raises(TargetError, match="does not exist"):
+    with pytest.raises(TargetError, match=f"^target not found: no such folder '{tmp_path / 'nope'}'$"):
         load_target(str(tmp_path / "nope"))
 
 
@@ -69,10 +69,11 @@ def test_resolve_folder_local_hub_cache_and_errors(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     assert resolve_folder("someorg/thing", allow_patterns=["*.json"]) == snap
-    with pytest.raises(HeadsError, match="heads checkpoint not found: '/nope' is not a folder"):
+    with pytest.raises(HeadsError, match="^heads checkpoint not found: no such folder '/nope'$"):
         resolve_folder("/nope", what="heads checkpoint", error=HeadsError)
-    with pytest.raises(TargetError, match="cannot fetch heads 'someorg/absent' from the Hub"):
-        resolve_folder("someorg/absent", fetching="heads ")
+    with pytest.raises(TargetError, match="^checkpoint not found: no such folder 'someorg/absent', and as a Hub "
+                                          "repo id it is not in the local Hub cache"):
+        resolve_folder("someorg/absent")
 
 
 @pytest.mark.parametrize("argv", [
@@ -104,5 +105,25 @@ def test_features_may_leave_the_target_to_the_dataset_and_the_demo_recipes_name_
     assert load_config(FeaturesConfig, None, {"dataset": "runs/distilled"}).target is None
     configs = Path(__file__).resolve().parents[1] / "configs"
     assert load_config(DistillConfig, configs / "distill-demo.yaml").target == "demo"
-    for kind in ("medusa", "eagle1", "eagle3"):
+    for kind in ("medusa", "eagle1", "eagle3", "dflash"):
         assert load_config(TrainConfig, configs / f"demo-{kind}.yaml").target == "demo"
+
+
+def test_a_hub_id_not_found_says_so_with_what_the_hub_said(tmp_path, monkeypatch):
+    """A name that is both a missing folder and a Hub id: both in one line (#46)."""
+    from huggingface_hub import constants
+
+    from headway.target import missing_message
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    error = OSError("404 Client Error: Repository Not Found\nsecond line")
+    assert missing_message("org/x", "heads checkpoint", error, "v2") == (
+        "heads checkpoint not found: no such folder 'org/x', and as a Hub repo id at revision 'v2': 404 Client "
+        "Error: Repository Not Found")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert missing_message("org/x", "target", error).endswith("it is not in the local Hub cache (HF_HUB_OFFLINE is "
+                                                              "set: the Hub was not asked)")
+    (tmp_path / "models--org--x").mkdir()  # cached, but not that revision: what the Hub library said
+    assert missing_message("org/x", "target", error, "v2").endswith("at revision 'v2': 404 Client Error: Repository "
+                                                                    "Not Found")

@@ -255,6 +255,8 @@ def test_a_resumed_run_reports_the_tokens_of_an_uninterrupted_one(setup, tmp_pat
 # -- 4. nonsense numbers are refused at load -------------------------------------------------------
 @pytest.mark.parametrize("override, message", [
     ("epochs=-3", "'epochs' must be a finite number > 0, got -3.0"),
+    # #46: 0 steps saved freshly initialised heads as `final`, which looked like a finished run
+    ("max_steps=0", "'max_steps' must be >= 1, got 0"),
     ("max_length=-1", "'max_length' must be >= 1, got -1"),
     ("optim.lr=.nan", "'optim.lr' must be a finite number > 0, got nan"),
     ("optim.lr=.inf", "'optim.lr' must be a finite number > 0, got inf"),

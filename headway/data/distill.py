@@ -45,7 +45,7 @@ from .plans import Plan, fit_budget, make_plan
 from ..publish import publish, publishing
 from .shards import (check_settings, complete_shards, digest, link_or_copy, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
-from .sources import SourceResult, read_samples
+from .sources import SourceResult, bad_rows_report, check_source, read_samples
 
 MANIFEST = "headway_distill.json"
 LOCK = ".lock"  # held (flock) by the process writing the folder; see output_lock
@@ -227,6 +227,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     from .runtime import processes
 
     out = Path(cfg.output).expanduser()
+    check_source(cfg.source)  # a missing prompt file is refused before the target loads and the folder is made
     procs = processes(cfg.device)
     if cfg.engine == "vllm":
         from ..engines.vllm_client import find_vllm_python
@@ -260,17 +261,19 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     src = read_samples(cfg.source, split=cfg.split, limit=cfg.limit, skip_bad_rows=cfg.skip_bad_rows,
                        tokenizer=tokenizer, prompt_tokens=cfg.prompt_tokens, seed=cfg.seed, skip=cfg.skip)
     if not src.samples:
-        raise DataError(f"no usable prompts in {cfg.source}" + (f" ({len(src.bad)} bad rows)" if src.bad else ""))
+        raise DataError(f"no usable prompts in {cfg.source}" + (f" ({len(src.bad)} bad rows; the first: {src.bad[0]})"
+                                                                if src.bad else ""))
     check_chat_inputs(src, template, cfg)
     info = TargetInfo.of(model, cfg.target, cfg.revision)
     spec, layers = feature_spec(cfg, info.num_hidden_layers)
     settings = distill_settings(cfg, template, src)
     with procs.state.main_process_first():
         manifest = check_settings(out / MANIFEST, settings, {"format": FORMAT, "target_path": target_path,
-                                                            "target_info": asdict(info)}, SETTING_DEFAULTS)
+                                                            "target_info": asdict(info), "bad_rows": src.bad},
+                                  SETTING_DEFAULTS)
     say = console().print if procs.is_main else (lambda *a, **k: None)
-    if src.bad:
-        say(f"skipped {len(src.bad)} bad row(s); first: {src.bad[0]}")
+    if src.bad:  # file:line text, printed as it is (no markup, no wrapping)
+        say(bad_rows_report(src.bad, out / MANIFEST), markup=False, highlight=False, soft_wrap=True)
     if manifest.get("complete"):
         if feature_out is not None and not read_json_or_empty(feature_out / FEATURES_MANIFEST).get("complete"):
             raise DataError(f"{out} is complete but its features folder {feature_out} is not there (the shards they "
@@ -309,8 +312,7 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
             def store(shards: dict[int, Path], rows: int, tokens_per_s: float) -> None:
                 write_features(shards, feature_out, feature_settings(cfg, out, rows, layers), layers, info,
                                spec.store_dtype, tokens_per_s)
-        summary = finish(out, len(ranges), info.vocab_size, manifest, settings, len(src.bad), procs.world_size,
-                         store)
+        summary = finish(out, len(ranges), info.vocab_size, manifest, settings, src.bad, procs.world_size, store)
         say(summary_line(summary, out) + (f"; features in {feature_out}" if feature_out is not None else ""))
     procs.barrier()
     return out
@@ -361,8 +363,10 @@ def output_lock(folder: Path, error: type[Exception] = DataError) -> Iterator[No
     """Hold an exclusive ``flock`` on ``folder/.lock`` while this process writes ``folder``: a second
     headway process writing the same folder fails at once with ``error``, naming the holder,
     instead of interleaving shards and dying later on a raw OSError. The kernel drops the lock when
-    the process ends (even on kill -9), so a stale file never blocks; the file itself stays, since
-    unlinking it would let a third process lock a fresh inode while the second holds the old one."""
+    the process ends (even on kill -9), so a stale file never blocks. A run that fails (one that
+    refuses to start, above all) takes away the lock file and the empty folders it made: no trace
+    of a run that never began. A process that opened the file just before it went locks a file no
+    longer there; ``_locked`` sees that and locks the new one."""
     try:
         import fcntl
     except ImportError:  # no flock (Windows): unguarded, as before
@@ -370,23 +374,52 @@ def output_lock(folder: Path, error: type[Exception] = DataError) -> Iterator[No
         return
     if folder.exists() and not folder.is_dir():
         raise error(f"output folder {folder} is a file; choose another folder")
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK, "a+") as f:
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    new_lock = not (folder / LOCK).exists()
+    f = _locked(folder, error, fcntl)
+    try:
+        yield
+    except BaseException:
+        if new_lock:
+            (folder / LOCK).unlink(missing_ok=True)  # while still locked: see _locked
+            for p in made:
+                with contextlib.suppress(OSError):  # not empty: something else is there now
+                    p.rmdir()
+        raise
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def _locked(folder: Path, error: type[Exception], fcntl: Any) -> Any:
+    """``folder/.lock`` opened and flock'ed by this process (its pid written in it), the folder made
+    if needed. Locked, the file must still be the one at that path: a failed run removes its lock
+    file (``output_lock``), and a lock on the removed file would guard nothing."""
+    while True:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            f = open(folder / LOCK, "a+")
+        except FileNotFoundError:  # the folder went between mkdir and open (a failed run's cleanup)
+            continue
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # BlockingIOError: another process holds it
             f.seek(0)
             holder = f.read().strip() or "unknown"
+            f.close()
             raise error(f"{folder} is being written by another headway process (pid {holder}); wait for it to "
                         "finish, or choose another output folder") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
         try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            same = os.path.samestat(os.fstat(f.fileno()), os.stat(folder / LOCK))
+        except FileNotFoundError:
+            same = False
+        if same:
+            f.seek(0)
+            f.truncate()
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            return f
+        f.close()  # closing drops the lock on the removed file; lock the one there now
 
 
 def check_option_settings(out: Path, cfg: DistillConfig) -> None:
@@ -503,7 +536,7 @@ def distill_settings(cfg: DistillConfig, template: str | None, src: SourceResult
 
 
 def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], settings: dict[str, Any],
-           bad_rows: int, world_size: int,
+           bad_rows: list[str], world_size: int,
            store: Callable[[dict[int, Path], int, float], None] | None = None) -> dict[str, Any]:
     """Merge the shards into the final dataset, count tokens, ``store`` the features (before the
     folder is marked complete and the shards go), mark the folder complete."""
@@ -524,7 +557,8 @@ def finish(out: Path, n_shards: int, vocab_size: int, manifest: dict[str, Any], 
     merged = concatenate_datasets(parts)
     total = {k: sum(s[k] for s in stats) for k in ("rows", "dropped", "truncated", "prompt_tokens",
                                                    "generated_tokens", "seconds")}
-    total["bad_rows_skipped"] = bad_rows
+    total["bad_rows_skipped"] = len(bad_rows)
+    total["bad_rows"] = bad_rows  # every skipped row, "file:line: reason" (the terminal names the first few)
     total["world_size"] = world_size  # of the run that finished (a resumed run may have used another)
     total["shards_by_rank"] = {str(r): sum(s.get("rank", 0) == r for s in stats) for r in range(world_size)}
     total["tokens_per_s"] = round(total["generated_tokens"] / max(total["seconds"], 1e-9), 1)

@@ -90,12 +90,13 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     from .distill import prepare_output, row_features, save_merged
     from .progress import console, quiet_datasets
     from .shards import write_json
-    from .sources import read_samples
+    from .sources import bad_rows_report, check_source, read_samples
     from ..target import resolve_target_path
     from .vocab import save_token_counts, token_frequencies
 
     start = time.perf_counter()
     out = Path(cfg.output).expanduser()
+    check_source(cfg.source)  # a missing file is refused before the target's tokenizer loads
     prepare_output(out, cfg.overwrite, MANIFEST)
     target_path = resolve_target_path(cfg.target)
     tokenizer = AutoTokenizer.from_pretrained(target_path, revision=cfg.revision)
@@ -118,7 +119,8 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
             rows.append({"index": i, "id": sample.id, "input_ids": fitted[0], "loss_mask": fitted[1],
                          "finish_reason": "given"})
     if not rows:
-        raise DataError(f"no usable rows in {cfg.source} ({len(bad)} bad, {dropped} too long)")
+        first = f"; the first bad one: {bad[0]}" if bad else ""
+        raise DataError(f"no usable rows in {cfg.source} ({len(bad)} bad, {dropped} too long{first})")
     out.mkdir(parents=True, exist_ok=True)
     with quiet_datasets():
         ds = Dataset.from_list(rows, features=row_features())
@@ -128,10 +130,12 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     write_json(out / MANIFEST, {"format": "headway-distilled", "complete": True, "source": cfg.source,
                                 "target": cfg.target, "revision": cfg.revision, "rows": len(rows),
                                 "tokens": tokens, "answer_tokens": sum(sum(r["loss_mask"]) for r in rows),
-                                "dropped": dropped, "truncated": truncated, "bad_rows_skipped": len(bad)})
-    extra = f"; skipped {len(bad)} bad row(s), first: {bad[0]}" if bad else ""
+                                "dropped": dropped, "truncated": truncated, "bad_rows_skipped": len(bad),
+                                "bad_rows": bad})
     console().print(f"tokenized {len(rows)} rows ({tokens} tokens, {dropped} dropped, {truncated} truncated) "
-                    f"into {out} in {time.perf_counter() - start:.1f}s{extra}")
+                    f"into {out} in {time.perf_counter() - start:.1f}s")
+    if bad:  # file:line text, printed as it is (no markup, no wrapping)
+        console().print(bad_rows_report(bad, out / MANIFEST), markup=False, highlight=False, soft_wrap=True)
     return out
 
 

@@ -43,11 +43,24 @@ DEFAULT_DEMO_PROMPTS = 256
 STREAM_SHUFFLE_BUFFER = 10_000
 
 
+SHOWN_BAD_ROWS = 5  # skipped rows named on the terminal; the output's manifest lists every one
+
+
 @dataclass
 class SourceResult:
     samples: list[Sample]
     bad: list[str] = field(default_factory=list)  # one "where: reason" per skipped row
     name: str = ""
+
+
+def bad_rows_report(bad: list[str], manifest: Path) -> str:
+    """What the terminal says of skipped rows: the first ``SHOWN_BAD_ROWS``, one a line, and how many
+    more there are, which ``manifest`` lists under ``bad_rows`` (every one, with its line)."""
+    lines = [f"skipped {len(bad)} bad row(s):", *(f"  {b}" for b in bad[:SHOWN_BAD_ROWS])]
+    if len(bad) > SHOWN_BAD_ROWS:
+        lines.append(f"  ... and {len(bad) - SHOWN_BAD_ROWS} more: every bad row is listed under 'bad_rows' in "
+                     f"{manifest}")
+    return "\n".join(lines)
 
 
 def read_samples(source: Any, *, split: str = "train", limit: int | None = None, skip_bad_rows: bool = False,

@@ -177,7 +177,7 @@ def is_chain(shape: "TreeShape") -> bool:
 
 
 def is_top1_chain(shape: "TreeShape") -> bool:
-    """``chain-N``: a single path of rank-0 drafts, however it was written (``static:[[0,0]]``)."""
+    """``chain-N``: a single path of rank-0 drafts, however it was written (``static:[[0],[0,0]]``)."""
     return is_chain(shape) and all(r == 0 for p in shape.paths for r in p)  # type: ignore[union-attr]
 
 
@@ -411,6 +411,33 @@ def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor,
     return build_dynamic(shape, proposer, root_token, size_for if shape.adaptive else None)
 
 
+def check_rank_paths(paths: list[list[Any]], shown: str) -> None:
+    """A static tree as given: every node's parent listed too (``[0, 0]`` needs ``[0]``), ranks whole
+    numbers >= 0, no node twice. ``StaticShape`` would add a missing parent itself, and then
+    decode a tree other than the one asked for; so a spec is refused naming the node."""
+    seen: set[tuple[int, ...]] = set()
+    for p in paths:
+        for r in p:
+            if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+                raise TreeSpecError(f"tree '{shown}': node {json_path(p)} has rank {json_path([r])[1:-1]}; a "
+                                    "rank is a whole number >= 0 (0 = the draft's top choice)")
+        key = tuple(p)
+        if key in seen:
+            raise TreeSpecError(f"tree '{shown}': node {json_path(p)} is listed twice")
+        seen.add(key)
+    check_tree_size(nodes=len(seen) + 1, depth=max(len(p) for p in seen), what=f"tree '{shown}'")
+    for p in paths:
+        if len(p) > 1 and tuple(p[:-1]) not in seen:
+            raise TreeSpecError(f"tree '{shown}': node {json_path(p)} has no parent: list {json_path(p[:-1])} "
+                                "too (every node's parent must be in the tree)")
+
+
+def json_path(path: Sequence[Any]) -> str:
+    import json
+
+    return json.dumps(list(path), separators=(",", ":"))
+
+
 def parse_shape(spec: str) -> TreeShape:
     """``chain-4`` | ``chain`` (= chain-4) | ``mc_sim_7b_63`` | ``static:[[0],[0,0],[1]]`` | ``dynamic``
     | ``dynamic-8-6-48`` (top_k, depth, total_tokens; leading ones may be given alone: ``dynamic-8``)
@@ -434,7 +461,9 @@ def parse_shape(spec: str) -> TreeShape:
             if not isinstance(paths, list) or not paths or not all(isinstance(p, list) and p for p in paths):
                 raise ValueError("expected a non-empty JSON list of rank paths, e.g. static:[[0],[0,0],[1]]")
             # named by its compact spec, so reports tell two static trees apart and it reads back
-            return StaticShape([tuple(p) for p in paths], name="static:" + json.dumps(paths, separators=(",", ":")))
+            name = "static:" + json.dumps(paths, separators=(",", ":"))
+            check_rank_paths(paths, name if len(name) <= 80 else name[:77] + "...")
+            return StaticShape([tuple(p) for p in paths], name=name)
         for family in ("dynamic", "adaptive"):
             if spec.startswith(family):
                 if not re.fullmatch(family + r"(-\d+){0,3}", spec):

@@ -230,7 +230,7 @@ def build_named_target(name: str, cache_dir: str | Path | None = None, gguf: str
         if gguf is not None:
             gguf_file = Path(gguf).expanduser()
             if not gguf_file.is_file():
-                raise TargetError(f"GGUF file not found: {gguf_file}")
+                raise TargetError(f"GGUF file not found: {gguf}")
             source = {"name": spec.name, "model": spec.model, "license": spec.license, "source": str(gguf_file)}
         else:
             gguf_file = fetch_gguf(spec, work)

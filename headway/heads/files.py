@@ -24,7 +24,7 @@ def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None) ->
     from ..target import resolve_folder
 
     return resolve_folder(name_or_path, revision, allow_patterns=["*.json", "*.safetensors", "*.md"],
-                          what="heads checkpoint", fetching="heads ", error=HeadsError)
+                          what="heads checkpoint", error=HeadsError)
 
 
 def read_config(path: Path) -> dict[str, Any]:

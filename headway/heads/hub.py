@@ -152,7 +152,7 @@ def push_heads(heads: str | Path, repo_id: str, private: bool = False, revision:
     check_license(license)
     folder = Path(heads).expanduser()
     if not folder.is_dir():
-        raise HubError(f"heads folder not found: {folder}")
+        raise HubError(f"heads folder not found: {heads}")
     from .files import check_finite, read_tensors
 
     cfg = folder_config(folder)  # a headway checkpoint or export, not any folder

@@ -196,7 +196,7 @@ class TrainConfig(TargetArgs):
                                       "be this recipe's. A resumed run continues from its checkpoint instead")
     output_dir: str = opt("runs/headway", "checkpoints, logs and the final heads go here")
     seed: int = opt(0, "seed for initialisation, data order and the eval split")
-    max_steps: int | None = opt(None, "stop after this many optimiser steps (overrides epochs)")
+    max_steps: int | None = opt(None, "stop after this many optimiser steps, at least 1 (overrides epochs)")
     epochs: float = opt(1.0, "passes over the training data when max_steps is not set")
     stop_after: int | None = opt(None, "stop after this optimiser step as if interrupted (checkpoint saved, no final "
                                        "heads); the schedule still plans for max_steps/epochs, so resume_from=latest "
@@ -237,7 +237,7 @@ class TrainConfig(TargetArgs):
         check_choice(self.report_to, TRACKERS, "report_to")
         if self.init_from and self.eagle.init_layer is not None and self.kind == "eagle3":
             raise ConfigError("init_from and eagle.init_layer both set the drafter's first weights; drop one")
-        check_numbers(self, "", {"eval_fraction": "in [0, 1)", "max_length": ">= 1", "max_steps": ">= 0",
+        check_numbers(self, "", {"eval_fraction": "in [0, 1)", "max_length": ">= 1", "max_steps": ">= 1",
                                  "epochs": "> 0", "stop_after": ">= 1", "batch_size": ">= 1", "grad_accum": ">= 1",
                                  "group_by_length": ">= 0",
                                  "save_every": ">= 0", "keep_checkpoints": ">= 0", "log_every": ">= 1",
