@@ -26,12 +26,14 @@ and d2t over a reduced draft vocabulary (EAGLE-3) it always reads X.
 
 Trained heads are used when given with --heads, or found under runs/ for the same target; else
 (--train-steps, default 150) the script distils 256 code snippets greedily with `headway distill`
-and trains each kind briefly with `headway train`. A negative control exports the trained EAGLE-3
-heads with their aux layer ids one too low (what SGLang's numbering would do in vLLM): the token
-ids stay equal (speculation is lossless), so only the acceptance comparison can catch it — and must.
+and trains each kind briefly with `headway train` (DFlash with blocks of draft length + 1: the engine
+drafts num_speculative_tokens + 1 slots, and a block's slots attend to each other). A negative
+control exports the trained EAGLE-3 (and DFlash) heads with their aux layer ids one too low (what
+SGLang's numbering would do in vLLM): the token ids stay equal (speculation is lossless), so only the
+acceptance comparison can catch it — and must.
 
 Formats (--formats): `vllm` (every kind, the target named in `speculative_config`) and `speculators`
-(EAGLE-3 only; vLLM 0.32.0 has no EAGLE-1 or Medusa speculators type). A speculators export is started
+(EAGLE-3 and DFlash; vLLM 0.32.0 has no EAGLE-1 or Medusa speculators type). A speculators export is started
 as `LLM(model=EXPORT)`: vLLM finds the verifier (the target) in its config by itself. Each format gets
 the same checks and its own negative control.
 Exit status 0 when every check passes, 1 otherwise; results in WORK/results.json.
@@ -164,11 +166,26 @@ def train_heads(target_dir: Path, work: Path, kinds: list[str], steps: int, K: i
                                  f"medusa.num_heads={K}", "eagle.ttt_steps=3"]
                            # EAGLE-1 exports drop a draft vocabulary (vLLM drafts over all rows): keep the
                            # full one here so headway and vLLM draft the same tokens
-                           + ([f"eagle.draft_vocab_size={min(512, vocab)}"] if kind == "eagle3" else []),
+                           + ([f"eagle.draft_vocab_size={min(512, vocab)}"] if kind == "eagle3" else [])
+                           # DFlash: the engine drafts blocks of num_speculative_tokens + 1, and a block's
+                           # slots attend to each other, so the drafter is trained with exactly that block
+                           + ([f"dflash.block_size={K + 1}", f"dflash.draft_vocab_size={min(512, vocab)}",
+                               "dflash.anchors=16", f"dflash.aux_layers={dflash_layers_of(target_dir)}"]
+                              if kind == "dflash" else []),
                            check=True, env=env)
             final = [c.parent for c in sorted((out / "final").glob("**/config.json"))]
         found += final[:1]
     return found
+
+
+def dflash_layers_of(target_dir: Path) -> str:
+    """DFlash's default layers, or on a shallow target two that the engines capture (1..L-1) and
+    that an off-by-one control can shift without repeating a layer."""
+    from headway.feature_layers import dflash_layers
+
+    L = int(json.loads((target_dir / "config.json").read_text())["num_hidden_layers"])
+    layers = dflash_layers(L) if L > 6 else [L - 2, L - 1]
+    return "[" + ",".join(map(str, layers)) + "]"
 
 
 # -- probe drafters --------------------------------------------------------------------------------
@@ -321,38 +338,43 @@ def engine_run(fmt: str, kind: str, folder: Path, K: int) -> tuple[dict, Path | 
     """(speculative_config, model to load instead of the target) for an export of `fmt`."""
     if fmt == "speculators":  # vLLM reads method and verifier from the export's config
         return {"num_speculative_tokens": K}, folder
-    method = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3"}[kind]
+    method = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3", "dflash": "dflash"}[kind]
     return {"method": method, "model": str(folder), "num_speculative_tokens": K}, None
 
 
 def supports(fmt: str, kind: str) -> bool:
-    return fmt == "vllm" or kind == "eagle3"
+    return fmt == "vllm" or kind in ("eagle3", "dflash")
 
 
 def negative_control(python: Path, work: Path, target_dir: Path, target, tok, cases: list, prompts: list,
-                     K: int, N: int, args: argparse.Namespace, fmt: str = "vllm") -> dict | None:
-    """The check must be able to fail: trained EAGLE-3 heads exported with the aux layer ids one too
-    low (the SGLang numbers given to vLLM) must show different acceptance. Passes when it does."""
+                     K: int, N: int, args: argparse.Namespace, fmt: str = "vllm", kind: str = "eagle3") -> dict | None:
+    """The check must be able to fail: trained EAGLE-3 (or DFlash) heads exported with the aux layer
+    ids one too low (the SGLang numbers given to vLLM) must show different acceptance. Passes when it does."""
     from headway.heads.export import export_heads
 
-    heads = next((h for name, h, exact in cases if h.kind == "eagle3" and not exact), None)
+    heads = next((h for name, h, exact in cases if h.kind == kind and not exact), None)
     if heads is None:
-        print("negative control skipped: it needs trained EAGLE-3 heads (--heads or --train-steps)", flush=True)
+        print(f"negative control skipped: it needs trained {kind} heads (--heads or --train-steps)", flush=True)
         return None
-    name = "negative-control" + ("" if fmt == "vllm" else f"@{fmt}")
+    name = f"negative-control-{kind}" + ("" if fmt == "vllm" else f"@{fmt}")
     folder = export_heads(heads, fmt, work / name)
     cfg = json.loads((folder / "config.json").read_text())
-    wrong = [i - 1 for i in cfg["eagle_aux_hidden_state_layer_ids"]]
-    cfg["eagle_aux_hidden_state_layer_ids"] = wrong
-    if "eagle_config" in cfg:
-        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = wrong
+    if kind == "dflash" and fmt == "vllm":  # the reference layout numbers layers by decoder-layer output
+        right = cfg["dflash_config"]["target_layer_ids"]
+        wrong = cfg["dflash_config"]["target_layer_ids"] = [i - 1 for i in right]
+    else:
+        key = "aux_hidden_state_layer_ids" if kind == "dflash" else "eagle_aux_hidden_state_layer_ids"
+        right = cfg[key]
+        wrong = cfg[key] = [i - 1 for i in right]
+        if "eagle_config" in cfg:
+            cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = wrong
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    spec, model = engine_run(fmt, "eagle3", folder, K)
+    spec, model = engine_run(fmt, kind, folder, K)
     hw = run_headway(target, tok, heads, prompts, K, N)
     row = compare(name, hw, run_vllm(python, work, name, target_dir, spec, prompts, N, args.timeout, model),
                   {"ids": hw["ids"]}, K, False, args.tolerance)
     row["acceptance_ok"] = not row["acceptance_ok"]  # a mismatch is the expected outcome
-    row["note"] = f"aux ids {wrong} instead of {[i + 1 for i in wrong]}: acceptance must differ"
+    row["note"] = f"aux ids {wrong} instead of {right}: acceptance must differ"
     return row
 
 
@@ -361,10 +383,11 @@ def main() -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--target", help="target folder / Hub id / 'demo' (default: cached demo, else tiny preset)")
     ap.add_argument("--heads", nargs="*", default=[], help="trained native heads checkpoints for this target")
-    ap.add_argument("--kinds", nargs="*", default=["medusa", "eagle1", "eagle3"], help="probe kinds to run")
+    ap.add_argument("--kinds", nargs="*", default=["medusa", "eagle1", "eagle3", "dflash"],
+                    help="kinds to check (probe drafters for all but dflash; trained heads for every one)")
     ap.add_argument("--no-probes", action="store_true", help="only the trained heads")
     ap.add_argument("--formats", nargs="*", default=["vllm", "speculators"], choices=["vllm", "speculators"],
-                    help="export formats to run (speculators: EAGLE-3 heads only)")
+                    help="export formats to run (speculators: EAGLE-3 and DFlash heads only)")
     ap.add_argument("--no-negative-control", dest="negative_control", action="store_false",
                     help="skip the run that exports trained EAGLE-3 heads with aux ids off by one (which the "
                          "acceptance check must catch)")
@@ -410,7 +433,7 @@ def main() -> int:
     greedy = [p + ids for p, ids in zip(prompts, base["ids"])]
     tokens = probe_tokens(greedy, K)
     cases = [] if args.no_probes else [(f"probe-{kind}", probe_heads(target, kind, tokens, K), True)
-                                       for kind in args.kinds]
+                                       for kind in args.kinds if kind != "dflash"]  # no DFlash probe: trained only
     trained = find_trained_heads(target_dir, args.heads)
     if not trained and args.train_steps:
         trained = train_heads(target_dir, work, args.kinds, args.train_steps, K,
@@ -446,9 +469,11 @@ def main() -> int:
         print(json.dumps(row), flush=True)
 
     if args.negative_control:
-        for fmt in args.formats:
-            control = negative_control(python, work, target_dir, target, tok, cases, prompts, K, N, args, fmt)
-            rows += [control] if control else []
+        for kind in [k for k in ("eagle3", "dflash") if k in args.kinds]:
+            for fmt in args.formats:
+                control = negative_control(python, work, target_dir, target, tok, cases, prompts, K, N, args, fmt,
+                                           kind)
+                rows += [control] if control else []
     ok = all(r["ids_equal"] and r["acceptance_ok"] for r in rows)
     (work / "results.json").write_text(json.dumps({"target": str(target_dir), "k": K, "max_new_tokens": N,
                                                     "prompts": len(prompts), "probe_tokens": tokens,
