@@ -50,7 +50,7 @@ while (( have < want )); do
         echo "self-written prompts stop at $have: $(left) s left, the last chunk took $last s" >&2; break
     fi
     t0=$(date +%s); k=$((k + 1)); upto=$(( have + chunk < want ? have + chunk : want ))
-    hw prompts --config configs/prompts-smollm2.yaml --output "$RUNS/gpu-prompts" --num "$upto" \
+    hw prompts --config configs/smollm2/prompts.yaml --output "$RUNS/gpu-prompts" --num "$upto" \
         --batch_size "$BATCH" --dtype float32
     rows=$(wc -l < "$RUNS/gpu-prompts/prompts.jsonl")  # whole batches: a few more than asked for
     end=$(( rows < upto ? rows : upto ))
@@ -79,7 +79,7 @@ fi
 # TF32 matmuls in training only: the answers above come from a strict float32 target
 export TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1
 # shellcheck disable=SC2086
-hw train --config configs/smollm2-eagle3-gpu.yaml --data "$RUNS/gpu-distill" --eval_data "$RUNS/gpu-distill-dev" \
+hw train --config configs/smollm2/eagle3-gpu.yaml --data "$RUNS/gpu-distill" --eval_data "$RUNS/gpu-distill-dev" \
     --output_dir "$RUNS/smollm2-eagle3-gpu" --epochs "$EPOCHS" --eagle.ttt_steps "$TTT" \
     ${TIME_LIMIT:+--time_limit "$TIME_LIMIT"} ${TRAIN_ARGS:-}
 unset TORCH_ALLOW_TF32_CUBLAS_OVERRIDE

@@ -10,8 +10,8 @@
 #                                                      # on those and ~2,400 more self-written prompts' answers
 #
 # Every step is cached or resumable, so rerunning after an interruption continues where it stopped:
-#   target build (~40 s, once) -> distill (configs/distill-smollm2.yaml, ~16 min)
-#   -> features (configs/features-smollm2.yaml, 4 min with native bf16, ~15 without)
+#   target build (~40 s, once) -> distill (configs/smollm2/distill.yaml, ~16 min)
+#   -> features (configs/smollm2/features.yaml, 4 min with native bf16, ~15 without)
 #   -> (any eagle3 kind: distill-smollm2-more.yaml, which keeps the features as it writes, merge; ~20 min more)
 #   -> train each kind offline
 #   -> tune (tree choice on chat:dev) -> bench on held-out prompts of other task
@@ -47,46 +47,47 @@ complete() {
 hw target build smollm2
 if [[ -z "${SKIP_TRAIN:-}" ]]; then
     # shellcheck disable=SC2086
-    hw distill --config configs/distill-smollm2.yaml ${DISTILL_ARGS:-}
-    hw features --config configs/features-smollm2.yaml
+    hw distill --config configs/smollm2/distill.yaml ${DISTILL_ARGS:-}
+    hw features --config configs/smollm2/features.yaml
     # shellcheck disable=SC2086
-    hw distill --config configs/distill-smollm2-heldout.yaml ${DISTILL_ARGS:-}  # evaluation rows, other task families
-    hw features --config configs/features-smollm2-heldout.yaml
+    hw distill --config configs/smollm2/distill-heldout.yaml ${DISTILL_ARGS:-}  # evaluation rows, other task families
+    hw features --config configs/smollm2/features-heldout.yaml
     if [[ " ${KINDS[*]} " == *" eagle3"* ]]; then  # the other 1,572 chat:train prompts, merged with the first run's
         # shellcheck disable=SC2086
-        hw distill --config configs/distill-smollm2-more.yaml ${DISTILL_ARGS:-}
-        complete runs/smollm2-features-more || hw features --config configs/features-smollm2-more.yaml
+        hw distill --config configs/smollm2/distill-more.yaml ${DISTILL_ARGS:-}
+        complete runs/smollm2-features-more || hw features --config configs/smollm2/features-more.yaml
         [[ -f runs/smollm2-features-3k/features.json ]] || \
             hw merge runs/smollm2-features runs/smollm2-features-more --output runs/smollm2-features-3k
     fi
     if [[ " ${KINDS[*]} " =~ " eagle3-"(6k|10k|12k)" " ]]; then  # + chat:extra's 2,814 prompts (~30 min more)
         # shellcheck disable=SC2086
-        hw distill --config configs/distill-smollm2-extra.yaml ${DISTILL_ARGS:-}
-        complete runs/smollm2-features-extra || hw features --config configs/features-smollm2-extra.yaml
+        hw distill --config configs/smollm2/distill-extra.yaml ${DISTILL_ARGS:-}
+        complete runs/smollm2-features-extra || hw features --config configs/smollm2/features-extra.yaml
         [[ -f runs/smollm2-features-6k/features.json ]] || hw merge runs/smollm2-features \
             runs/smollm2-features-more runs/smollm2-features-extra --output runs/smollm2-features-6k
     fi
     if [[ " ${KINDS[*]} " =~ " eagle3-"(10k|12k)" " ]]; then  # + ~4,000 prompts the target writes itself (~50 min)
-        hw prompts --config configs/prompts-smollm2.yaml
+        hw prompts --config configs/smollm2/prompts.yaml
         # shellcheck disable=SC2086
-        hw distill --config configs/distill-smollm2-self.yaml ${DISTILL_ARGS:-}
-        complete runs/smollm2-features-self || hw features --config configs/features-smollm2-self.yaml
+        hw distill --config configs/smollm2/distill-self.yaml ${DISTILL_ARGS:-}
+        complete runs/smollm2-features-self || hw features --config configs/smollm2/features-self.yaml
         [[ -f runs/smollm2-features-10k/features.json ]] || hw merge runs/smollm2-features-6k \
             runs/smollm2-features-self --output runs/smollm2-features-10k
     fi
     if [[ " ${KINDS[*]} " == *" eagle3-12k "* ]]; then  # + ~2,400 more of them (~40 min); fine-tunes eagle3-10k
-        [[ -f runs/smollm2-eagle3-10k/final/config.json ]] || hw train --config configs/smollm2-eagle3-10k.yaml
-        hw prompts --config configs/prompts-smollm2-more.yaml
+        [[ -f runs/smollm2-eagle3-10k/final/config.json ]] || hw train --config configs/smollm2/eagle3-10k.yaml
+        hw prompts --config configs/smollm2/prompts-eval.yaml   # 50 evaluation prompts, kept out of the rest
+        hw prompts --config configs/smollm2/prompts-more.yaml
         # shellcheck disable=SC2086
-        hw distill --config configs/distill-smollm2-self-more.yaml ${DISTILL_ARGS:-}
-        complete runs/smollm2-features-self-more || hw features --config configs/features-smollm2-self-more.yaml
+        hw distill --config configs/smollm2/distill-self-more.yaml ${DISTILL_ARGS:-}
+        complete runs/smollm2-features-self-more || hw features --config configs/smollm2/features-self-more.yaml
         [[ -f runs/smollm2-features-12k/features.json ]] || hw merge runs/smollm2-features-10k \
             runs/smollm2-features-self-more --output runs/smollm2-features-12k
     fi
 fi
 HEADS=()
 for kind in "${KINDS[@]}"; do
-    [[ -z "${SKIP_TRAIN:-}" ]] && hw train --config "configs/smollm2-$kind.yaml"
+    [[ -z "${SKIP_TRAIN:-}" ]] && hw train --config "configs/smollm2/$kind.yaml"
     final="runs/smollm2-$kind/final"
     [[ -f "$final/config.json" ]] || { echo "no heads at $final" >&2; exit 1; }
     # the tree is chosen on other prompts than the ones the bench times
