@@ -215,7 +215,7 @@ def test_the_command_check_can_fail():
     assert check_command(["headway", "distill", "--config", "configs/nope.yaml"])
     assert check_command(["headway", "trian"])
     assert check_command(["make", "demoo"])
-    assert check_command(["python", "benchmarks/vllm_interop.py", "--no-such-flag"])
+    assert check_command(["python", "checks/vllm_parity.py", "--no-such-flag"])
     assert check_command(["headway", "export", "H", "--format", "vllm", "--out", "D"]) is None
 
 

@@ -58,7 +58,7 @@ SMOLLM2 = [
     ("prompts", ["--config", "configs/smollm2/prompts-eval.yaml"]), ("prompts", "smollm2/prompts-more.yaml"),
     ("distill", "smollm2/distill-self-more.yaml"), ("features", "smollm2/features-self-more.yaml"),
     ("merge", [f"{F}-10k", f"{F}-self-more", "--output", f"{F}-12k"]), ("train", "smollm2/eagle3-12k.yaml"),
-    # benchmarks/gpu_eagle3.sh passes its own data folders
+    # examples/smollm2_gpu.sh passes its own data folders
     ("train", ["--config", "configs/smollm2/eagle3-gpu.yaml", "--data", "runs/smollm2-distill",
                "--eval_data", "runs/smollm2-heldout"]),
 ]

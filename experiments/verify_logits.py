@@ -1,6 +1,6 @@
 """What projecting only the read lm_head rows saves per verify step, side by side in one run.
 
-    .venv/bin/python benchmarks/verify_logits.py --target smollm2 --trees dynamic-4-6-9 dynamic-8-6-48
+    .venv/bin/python experiments/verify_logits.py --target smollm2 --trees dynamic-4-6-9 dynamic-8-6-48
 
 The drafts come from an oracle that knows the target's greedy continuation (HF generate) and puts
 its next token at rank 0 with probability ``--rank0``, at rank 1 with ``--rank1``, else nowhere: the

@@ -3,7 +3,7 @@ timed side by side in one run: ``F.linear`` (MKL), the kernel built without -fop
 it before: ATen's ``parallel_for`` is a header template, so with torch's OpenMP backend it compiled to
 a serial loop) and with it (as ``headway.native`` builds it now). Best of 3 passes each.
 
-    python benchmarks/native_threads.py [THREADS [TARGET_DIR]]   # default: 2, the cached smollm2 target
+    python experiments/native_threads.py [THREADS [TARGET_DIR]]   # default: 2, the cached smollm2 target
 """
 import sys
 import time

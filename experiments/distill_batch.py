@@ -4,7 +4,7 @@ same prompts in the same process, batches interleaved with the order alternating
 of each, their ratio, and how many answers came out token-identical (in bf16 a different batch
 shape can flip a near-tie; in fp32 the two are equal, see tests/test_data_distill.py).
 
-    python benchmarks/distill_batch.py [--target smollm2] [--prompts chat:extra] [--num 128] [--batch 64]
+    python experiments/distill_batch.py [--target smollm2] [--prompts chat:extra] [--num 128] [--batch 64]
 
 Not part of headway: a measurement. The SmolLM2 run: benchmarks/results/smollm2-6k/distill-batch.txt.
 """

@@ -3,7 +3,7 @@ batch the size of the SmolLM2 recipes' (16 rows x 300 tokens, answers on the las
 draft vocabulary, 3 steps), with ``eagle3_ttt_loss`` as of REV and as it is now, interleaved, median
 of 5. Both give the same loss and gradients (``tests/test_eagle_ttt.py``); this is only their time.
 
-    python benchmarks/ttt_loss_cost.py [THREADS [REV]]   # default: 2, 0707fee (before the per-row softmax)
+    python experiments/ttt_loss_cost.py [THREADS [REV]]   # default: 2, 0707fee (before the per-row softmax)
 """
 import importlib.util
 import subprocess

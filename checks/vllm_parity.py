@@ -1,8 +1,8 @@
 """Interop check: heads exported by `headway export --format vllm` / `--format speculators`, run in a real engine.
 
-    .venv/bin/python benchmarks/vllm_interop.py            # ~11 min on 2 busy cores (+2 min the first time)
-    .venv/bin/python benchmarks/vllm_interop.py --heads runs/demo-medusa/final runs/demo-eagle3/final/heads
-    .venv/bin/python benchmarks/vllm_interop.py --formats speculators   # only the speculators exports (EAGLE-3)
+    .venv/bin/python checks/vllm_parity.py            # ~11 min on 2 busy cores (+2 min the first time)
+    .venv/bin/python checks/vllm_parity.py --heads runs/demo-medusa/final runs/demo-eagle3/final/heads
+    .venv/bin/python checks/vllm_parity.py --formats speculators   # only the speculators exports (EAGLE-3)
 
 The CPU build of vLLM lives in its own virtual environment (default ~/.cache/headway/vllm-venv,
 created on first use: ~2 min, ~2.5 GB; it pins torch 2.13+cpu and transformers<5.20, so it never

@@ -2,7 +2,7 @@
 at 16 rows), side by side: whole SmolLM2 verify forwards of 9 and 12 tree tokens over a 150-token
 cache, the two plans interleaved, median of 7.
 
-    .venv/bin/python benchmarks/kernel_buckets.py [THREADS]   # default 1
+    .venv/bin/python experiments/kernel_buckets.py [THREADS]   # default 1
 """
 import statistics
 import sys

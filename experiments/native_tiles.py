@@ -9,7 +9,7 @@ interleaved, median of 7:
 - whole target forwards of 1-48 query tokens over a 200-token cache (a tree verify): ``F.linear``,
   weight-major, the native kernel now and the native kernel as of REV.
 
-    python benchmarks/native_tiles.py [THREADS [REV]]   # default: 2, 0707fee (before the tiles)
+    python experiments/native_tiles.py [THREADS [REV]]   # default: 2, 0707fee (before the tiles)
 """
 import subprocess
 import sys

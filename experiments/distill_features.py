@@ -2,7 +2,7 @@
 hidden states (runs alternating, in one process), against a features pass over the same rows
 (``headway features``' forward: right-padded rows, its batch size), all on the same prompts.
 
-    python benchmarks/distill_features.py [--target smollm2] [--prompts chat:train] [--num 64] [--batch 64]
+    python experiments/distill_features.py [--target smollm2] [--prompts chat:train] [--num 64] [--batch 64]
 
 Reports seconds per generated token of each, the cost of keeping the states, and how much of
 distil + features the fused run saves. Not part of headway: a measurement. The SmolLM2 run:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SmolLM2-135M-Instruct EAGLE-3 heads built on one CUDA GPU, for the CPU benchmark: with the heads
-# unpacked in runs/smollm2-eagle3-gpu/final, `SKIP_TRAIN=1 benchmarks/run_smollm2_bench.sh eagle3-gpu`.
+# unpacked in runs/smollm2-eagle3-gpu/final, `SKIP_TRAIN=1 examples/smollm2_cpu.sh eagle3-gpu`.
 #
-#   GGUF=SmolLM2-135M-Instruct.Q4_1.gguf benchmarks/gpu_eagle3.sh
+#   GGUF=SmolLM2-135M-Instruct.Q4_1.gguf examples/smollm2_gpu.sh
 #
 # The same steps as the CPU recipes, sized for a GPU: the target writes its own prompts (headway prompts),
 # answers them and the chat:train / chat:extra prompts greedily in float32 (batch 512), and the drafter

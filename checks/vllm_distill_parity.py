@@ -1,7 +1,7 @@
 """Check `headway distill --engine vllm` against the transformers backend with the real vLLM (CPU build).
 
-    .venv/bin/python benchmarks/vllm_distill_check.py --vllm-python /path/to/vllm-venv/bin/python
-    .venv/bin/python benchmarks/vllm_distill_check.py --targets tiny demo --num-prompts 32 --max-new-tokens 64
+    .venv/bin/python checks/vllm_distill_parity.py --vllm-python /path/to/vllm-venv/bin/python
+    .venv/bin/python checks/vllm_distill_parity.py --targets tiny demo --num-prompts 32 --max-new-tokens 64
 
 For each target (`tiny`: a random 4-layer Llama with head_dim 32, built in seconds, vLLM's CPU
 attention needs head_dim >= 32; `demo`: the cached demo target, ~/.cache/headway/targets/demo-*;

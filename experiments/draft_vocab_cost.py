@@ -9,7 +9,7 @@ their log-softmax), and Medusa training tokens per second (B x T positions of st
 states through ``MedusaTask.loss``, backward and AdamW; the target does not run, as with
 ``features=DIR``).
 
-    .venv/bin/python benchmarks/draft_vocab_cost.py [--threads 1] [--calls 50] [--steps 4]
+    .venv/bin/python experiments/draft_vocab_cost.py [--threads 1] [--calls 50] [--steps 4]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real-target numbers in the README: SmolLM2-135M-Instruct end to end on 2 CPU cores.
 #
-#   benchmarks/run_smollm2_bench.sh [KINDS...]        # default: eagle3 eagle1 medusa; eagle3 trains on all
+#   examples/smollm2_cpu.sh [KINDS...]        # default: eagle3 eagle1 medusa; eagle3 trains on all
 #                                                      # 3,108 chat:train answers, eagle1 and medusa on 1,536,
 #                                                      # eagle3-6k on those and chat:extra's 2,814 more,
 #                                                      # eagle3-10k on those and ~4,000 answers to prompts

@@ -5,7 +5,7 @@
 #   2. `headway tune` per heads (the stored default, chosen with calibrated drafts);
 #   3. the stored defaults, calibrated and not, side by side with the kinds' old default.
 #
-#   benchmarks/run_calibration_report.sh [RUN_DIR] [TARGET]     # defaults: runs/demo, demo
+#   experiments/run_calibration_report.sh [RUN_DIR] [TARGET]     # defaults: runs/demo, demo
 #
 # Heads: RUN_DIR/{medusa,eagle1,eagle3}/final (what `headway demo` writes). Tuning writes the
 # chosen tree into each heads' config.json: run it on copies if you want the originals untouched.

@@ -7,7 +7,7 @@ count, still costs more at 2-4 rows than at 1, the extra is not MKL's choice of 
 Needs a C++ compiler (it is built with torch.utils.cpp_extension, ~1 min, cached by torch); x86-64
 with AVX2 and FMA only. Not part of headway: a measurement.
 
-    python benchmarks/fewrow_native.py [TARGET_DIR [THREADS]]   # default: the cached smollm2 target, 1
+    python experiments/fewrow_native.py [TARGET_DIR [THREADS]]   # default: the cached smollm2 target, 1
 """
 import sys
 import time

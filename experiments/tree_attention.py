@@ -7,7 +7,7 @@ run, interleaved, median of REPS:
 - whole verify forwards of the cached SmolLM2 target over q tree tokens on a 200-token cache, with
   the native linear kernel (where it builds; else auto's plan), sdpa against grouped attention.
 
-    python benchmarks/tree_attention.py [THREADS [REPS]]   # default: 2 threads, 9 reps
+    python experiments/tree_attention.py [THREADS [REPS]]   # default: 2 threads, 9 reps
 """
 import sys
 import time

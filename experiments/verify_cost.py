@@ -4,7 +4,7 @@ stock linears (F.linear), with headway's weight-major ones (``headway.kernels``)
 to the next power of two of columns (the width ``auto`` may pick per row count) and with headway's
 native few-row kernel (``headway.native``, built on first use).
 
-    python benchmarks/verify_cost.py [TARGET_DIR [THREADS]]    # default: the cached smollm2 target, 2
+    python experiments/verify_cost.py [TARGET_DIR [THREADS]]    # default: the cached smollm2 target, 2
 """
 import sys
 import time
