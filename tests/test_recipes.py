@@ -11,6 +11,7 @@ download is a local file, and vLLM is the fake engine of ``test_data_distill_vll
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -62,14 +63,16 @@ SMOLLM2 = [
     ("train", ["--config", "configs/smollm2/eagle3-gpu.yaml", "--data", "runs/smollm2-distill",
                "--eval_data", "runs/smollm2-heldout"]),
 ]
-STEPS: dict[str, list[tuple[str, Any]]] = {
+STEPS: dict[str, list[tuple]] = {  # (command, recipe or argv[, extra overrides])
     "demo": [("distill", "demo/distill.yaml"), ("train", "demo/medusa.yaml"), ("train", "demo/eagle1.yaml"),
              ("train", "demo/eagle3.yaml")],
     "smollm2": SMOLLM2,
     "llama3.1-8b": [("distill", "llama3.1-8b/distill.yaml"), ("train", "llama3.1-8b/eagle3.yaml"),
                     ("train", "llama3.1-8b/medusa2.yaml")],
-    "qwen3-8b": [("distill", "qwen3-8b/distill.yaml"), ("train", "qwen3-8b/eagle3.yaml")],
-    "vicuna-7b": [("distill", "vicuna-7b/distill.yaml"), ("train", "vicuna-7b/medusa1.yaml")],
+    # the fake vLLM engine's start (~25 s: a second Python importing transformers) is paid once, for the
+    # walk-through's recipe above; these two run the same distill settings through the hf engine
+    "qwen3-8b": [("distill", "qwen3-8b/distill.yaml", ["engine=hf"]), ("train", "qwen3-8b/eagle3.yaml")],
+    "vicuna-7b": [("distill", "vicuna-7b/distill.yaml", ["engine=hf"]), ("train", "vicuna-7b/medusa1.yaml")],
 }
 TOY_DRAFT_VOCAB = 256  # the tiny tokenizer has 384 tokens; the recipes' 8,192 and 32,000 do not fit
 
@@ -84,6 +87,7 @@ def toy_target(folder: Path, model: str) -> Path:
         head = model_.get_output_embeddings().weight
         head[1] = 4.0 * head[10]
     if chat:
+        tok = copy.deepcopy(tok)  # tiny_tokenizer is cached: the template must not leak into other tests
         tok.chat_template = CHAT
     model_.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -102,7 +106,7 @@ def toy_overrides(command: str, recipe: dict[str, Any], target: Path, vllm: Path
             out += [f"vllm_python={vllm}", "dtype=float32"]  # the fake engine runs float32 only
         return out
     if command == "prompts":
-        return [f"target={target}", "num=8", "batch_size=8", "max_new_tokens=16", "min_chars=4"]
+        return [f"target={target}", "num=2", "batch_size=16", "max_new_tokens=16", "min_chars=4"]
     if command == "train":
         out = [f"target={target}", "max_steps=1", "batch_size=2", "eval_max_batches=1", "log_every=1"]
         for section in ("eagle", "medusa"):
@@ -132,23 +136,24 @@ def test_recipes_run_end_to_end_at_toy_scale(model, tmp_path, monkeypatch, one_t
     target = toy_target(tmp_path / "target", model)
     vllm = fake_python(tmp_path)
     monkeypatch.chdir(cwd)
-    for command, what in STEPS[model]:
+    for command, what, *extra in STEPS[model]:
         if isinstance(what, str):
             recipe = read_config_file(CONFIGS / what)
             args = ["--config", f"configs/{what}"] + toy_overrides(command, recipe, target, vllm)
         else:
             recipe = read_config_file(cwd / what[1]) if what[0] == "--config" else {}
             args = list(what) + toy_overrides(command, recipe, target, vllm)
+        args += extra[0] if extra else []
         assert main([command, *args]) == 0, f"headway {command} {' '.join(args)}"
-    trained = [read_config_file(CONFIGS / w) for c, w in STEPS[model] if c == "train" and isinstance(w, str)]
+    trained = [read_config_file(CONFIGS / w) for c, w, *_ in STEPS[model] if c == "train" and isinstance(w, str)]
     for recipe in trained:
         assert (cwd / recipe["output_dir"] / "final" / "config.json").is_file(), recipe["output_dir"]
 
 
 def test_every_recipe_is_run():
     """A new recipe must join a run above (configs/accelerate holds accelerate's own configs)."""
-    run = {w for steps in STEPS.values() for _, w in steps if isinstance(w, str)}
-    run |= {w[1].removeprefix("configs/") for steps in STEPS.values() for _, w in steps
+    run = {w for steps in STEPS.values() for _, w, *_ in steps if isinstance(w, str)}
+    run |= {w[1].removeprefix("configs/") for steps in STEPS.values() for _, w, *_ in steps
             if not isinstance(w, str) and w[0] == "--config"}
     shipped = {p.relative_to(CONFIGS).as_posix() for p in CONFIGS.glob("*/*.yaml") if p.parent.name != "accelerate"}
     assert shipped - {"demo/target.yaml"} == run  # the demo target's build is tests/test_demo_target.py's
