@@ -7,11 +7,11 @@ stream, and splits the blocks over torch's threads. On a 2-core AMD EPYC with AV
 built for AVX2), SmolLM2-135M's 211 linears took, for 1 / 4 / 8 / 16 / 64 rows, with 1 thread:
 ``F.linear`` 33.6 / 52.3 / 61.5 / 87.3 / 254 ms, native 18.0 / 18.0 / 28.6 / 56.4 / 227 ms; with 2:
 ``F.linear`` 36.2 / 53.5 / 57.6 / 67.8 / 133 ms, native 15.6 / 16.1 / 19.2 / 33.5 / 128 ms
-(``benchmarks/native_threads.py``). A verify of 8 tokens then costs less than the stock one-token
+(``experiments/native_threads.py``). A verify of 8 tokens then costs less than the stock one-token
 forward. Past 8 rows the product is bound by its multiply-adds, and the kernel runs register tiles
 (4 weight rows x 6 rows, in AVX-512 vectors where built with -mavx512f): on a 2-core Xeon with
 AVX-512, 2 threads, 16 / 24 / 48 rows took 0.71 / 0.64 / 0.57x the time of 8-row chunks
-(``benchmarks/native_tiles.py``). Built with AVX-512, the tiles run 1-8 rows too (one pass of up to
+(``experiments/native_tiles.py``). Built with AVX-512, the tiles run 1-8 rows too (one pass of up to
 8 rows, fewer weight rows per tile past 6): 0.87-0.97x the streamed blocks' time there, with 1
 and 2 threads; AVX2 builds keep the streamed blocks up to 8 rows.
 

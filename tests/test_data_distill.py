@@ -313,7 +313,7 @@ def test_a_foreign_output_folder_is_not_overwritten(llama_dir, tmp_path):
 def test_shipped_demo_config_loads():
     from headway.config import load_config
 
-    cfg = load_config(DistillConfig, Path(__file__).parents[1] / "configs" / "distill-demo.yaml")
+    cfg = load_config(DistillConfig, Path(__file__).parents[1] / "configs" / "demo" / "distill.yaml")
     assert cfg.source == "demo:train" and cfg.target == "demo"
 
 

@@ -17,8 +17,8 @@ def fake_target(tmp_path, layers: int, vocab: int = 8192):
 
 
 def test_the_demo_recipes_are_found_in_the_repository():
-    assert (CONFIGS / "demo-eagle3.yaml").is_file()
-    for name in ("distill-demo.yaml", "demo-medusa.yaml", "demo-eagle1.yaml", "demo-eagle3.yaml", "demo-dflash.yaml"):
+    assert (CONFIGS / "demo" / "eagle3.yaml").is_file()
+    for name in ("demo/distill.yaml", "demo/medusa.yaml", "demo/eagle1.yaml", "demo/eagle3.yaml", "demo/dflash.yaml"):
         assert recipe(name) == CONFIGS / name
 
 

@@ -225,7 +225,7 @@ def test_cli_refuses_bad_config(capsys):
 def test_shipped_yaml_spells_out_the_demo_preset():
     from headway.config import load_config
 
-    path = Path(__file__).resolve().parents[1] / "configs" / "demo-target.yaml"
+    path = Path(__file__).resolve().parents[1] / "configs" / "demo" / "target.yaml"
     from_yaml = resolve_config(load_config(TargetBuildConfig, path))
     assert from_yaml == resolve_config(TargetBuildConfig())
     explicit = {k for k, v in vars(load_config(TargetBuildConfig, path)).items() if v is not None}

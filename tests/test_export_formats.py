@@ -414,8 +414,8 @@ def test_cli_export_and_its_one_line_errors(target, tmp_path, capsys):
 def _interop_script():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vllm_interop.py"
-    spec = importlib.util.spec_from_file_location("vllm_interop", path)
+    path = Path(__file__).resolve().parents[1] / "checks" / "vllm_parity.py"
+    spec = importlib.util.spec_from_file_location("vllm_parity", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

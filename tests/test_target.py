@@ -104,9 +104,9 @@ def test_features_may_leave_the_target_to_the_dataset_and_the_demo_recipes_name_
 
     assert load_config(FeaturesConfig, None, {"dataset": "runs/distilled"}).target is None
     configs = Path(__file__).resolve().parents[1] / "configs"
-    assert load_config(DistillConfig, configs / "distill-demo.yaml").target == "demo"
+    assert load_config(DistillConfig, configs / "demo" / "distill.yaml").target == "demo"
     for kind in ("medusa", "eagle1", "eagle3", "dflash"):
-        assert load_config(TrainConfig, configs / f"demo-{kind}.yaml").target == "demo"
+        assert load_config(TrainConfig, configs / "demo" / f"{kind}.yaml").target == "demo"
 
 
 def test_a_hub_id_not_found_says_so_with_what_the_hub_said(tmp_path, monkeypatch):

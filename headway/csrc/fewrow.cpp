@@ -182,7 +182,7 @@ void few_tiles(int n, const float* x, const float* w, float* out, int64_t K, int
 static_assert(kTileX == 6 && kManyRows == 8, "few_tiles() covers 1 to kManyRows rows");
 
 // With AVX-512 the tiles beat the streamed spans at 1-8 rows too: SmolLM2's linears took 0.87-0.97x
-// the time on a 2-core Xeon (1 and 2 threads; benchmarks/native_tiles.py). AVX2 builds keep the spans.
+// the time on a 2-core Xeon (1 and 2 threads; experiments/native_tiles.py). AVX2 builds keep the spans.
 #if defined(__AVX512F__)
 constexpr bool kFewTiles = true;
 #else

@@ -6,7 +6,7 @@ the cache per layer) and runs PyTorch's CPU flash kernel, which is slow at a few
 the query heads that share a key/value head are stacked as rows of one matrix, so each layer is two
 batched matmuls over the cache as stored, and a softmax in between: on SmolLM2 (9 query heads on 3
 key/value heads, 64 dims, a 200-token cache), 2 threads, 24 queries 208 us a layer against 318 us,
-48 queries 428 against 686 (``benchmarks/tree_attention.py``).
+48 queries 428 against 686 (``experiments/tree_attention.py``).
 
 It is registered with transformers' ``AttentionInterface`` under ``headway_tree`` and switched on
 only around the decoder's target forwards (``tree_attention(model)``), where the target's

@@ -80,7 +80,7 @@ def distill_data(cfg: DemoConfig, target: Path, run: Path) -> Path:
     if (out / "headway_distill.json").is_file() and (out / "dataset_info.json").is_file():
         print(f"reusing {out}")
         return out
-    base = load_config(DistillConfig, recipe("distill-demo.yaml"))
+    base = load_config(DistillConfig, recipe("demo/distill.yaml"))
     base.target, base.output = str(target), str(out)
     base.limit = cfg.pick(cfg.distill_prompts, 512, 96)
     base.max_new_tokens = cfg.pick(cfg.distill_tokens, 128, 64)
@@ -130,7 +130,7 @@ def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path
     steps = cfg.pick(cfg.train_steps, None, 60)
     if steps is not None:
         overrides["max_steps"] = steps
-    tc = load_config(TrainConfig, recipe(f"demo-{kind}.yaml"), overrides)
+    tc = load_config(TrainConfig, recipe(f"demo/{kind}.yaml"), overrides)
     target_cfg = load_config_only(str(target), None, False)
     layers = getattr(target_cfg, "num_hidden_layers", None)
     vocab = getattr(target_cfg, "vocab_size", None)

@@ -5,7 +5,7 @@ the engine's spec table (names, shapes, dtypes: a function of the config being w
 and weights cannot disagree). ``export.py`` picks the converter and writes the folder.
 
 Engine facts these functions rely on, read from the engines' sources (vLLM 0.32.0 as installed by
-``benchmarks/vllm_interop.py``; SGLang ``python/sglang/srt/models/llama_eagle{,3}.py`` and
+``checks/vllm_parity.py``; SGLang ``python/sglang/srt/models/llama_eagle{,3}.py`` and
 ``llama.py``; TensorRT-LLM ``examples/medusa/convert_checkpoint.py`` and
 ``tensorrt_llm/models/medusa/weight.py``):
 

@@ -2,7 +2,7 @@
 
 The YAML recipes under ``configs/`` carry the reasoning behind their numbers as comments;
 this file carries what each key means. Every key can be overridden on the command line
-(``headway train --config configs/demo-medusa.yaml optim.lr=3e-4 max_steps=50``).
+(``headway train --config configs/demo/medusa.yaml optim.lr=3e-4 max_steps=50``).
 """
 
 from __future__ import annotations
