@@ -293,7 +293,9 @@ class HeadwayMethod:
         heads = speculator.heads
         borrowed = [m for m in (heads.__dict__.get("_target_embed"), heads.__dict__.get("_target_lm_head"))
                     if m is not None]
-        self.drafter_modules = [heads, *heads.children(), *borrowed]
+        # every submodule: a drafter may call a grandchild outside its forward (DFlash projects the new
+        # context's keys and values with each layer's k_proj / v_proj); only the outermost call is timed
+        self.drafter_modules = [*heads.modules(), *borrowed]
         self.projections = [speculator.projection]  # on-demand lm_head rows: the target's time
         speculator.uses_lazy_logits()  # its one-off probe forwards, before any timed run counts them
         self.kernels: LinearKernels | None = speculator.kernels
