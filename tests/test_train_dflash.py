@@ -10,7 +10,7 @@ import torch
 from headway.config import ConfigError, load_config
 from headway.heads import DFlashDrafter, load_heads
 from headway.target import load_target
-from headway.testing import save_tiny_target, tiny_target
+from headway.testing import save_tiny_target
 from headway.train.batch import collate, target_batch
 from headway.train.config import TrainConfig
 from headway.train.blocks import anchor_candidates, block_mask, row_draws, select_anchors, slot_labels
@@ -18,6 +18,7 @@ from headway.train.dflash import DFlashTask, least_used_token
 from headway.train.eagle import feature_batch
 from headway.train.loop import fit, train
 
+from test_eagle_train import greedy_text  # noqa: F401  (the fixture: text the tiny target writes greedily)
 from train_utils import distilled_rows, save_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -185,23 +186,6 @@ def test_options_are_checked(setup, tmp_path):
     target, _ = load_target(str(setup[1]), device="cpu")
     heads = DFlashTask(config(setup, tmp_path, **{"dflash.mask_token_id": 7, "dflash.aux_layers": [1, 2]})).build(target)
     assert heads.config.mask_token_id == 7 and heads.feature_layers == [1, 2]
-
-
-@pytest.fixture(scope="module")
-def greedy_text(tmp_path_factory):
-    """Text the tiny target writes greedily: the drafter's training data, like a distilled dataset."""
-    root = tmp_path_factory.mktemp("greedy")
-    target_dir = save_tiny_target(root / "target")
-    model, _ = tiny_target("llama")
-
-    def rows(n, seed):
-        prompts = torch.randint(3, 384, (n, 4), generator=torch.Generator().manual_seed(seed))
-        with torch.no_grad():
-            out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=28,
-                                 min_new_tokens=28, do_sample=False, pad_token_id=2)
-        return [{"input_ids": r.tolist(), "loss_mask": [0] * 4 + [1] * 28} for r in out]
-
-    return target_dir, save_rows(root / "train", rows(128, 0)), save_rows(root / "eval", rows(24, 1))
 
 
 @pytest.mark.slow

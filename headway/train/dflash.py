@@ -1,4 +1,5 @@
-"""DFlash block-drafter training (the ``Task`` interface of tasks.py) and its pure pieces.
+"""DFlash block-drafter training (the ``Task`` interface of tasks.py): the loss and evaluation sums
+(the pure block pieces are in ``blocks.py``).
 
 Per row, anchors are sampled from the answer: positions a whose token is an answer token and whose
 next token is one too. Block j is [x_a, mask, ..., mask] at positions a .. a+bs-1; it attends to
@@ -10,13 +11,11 @@ exp(-(k-1)/gamma): early slots decide acceptance, so they weigh most (the DFlash
 Evaluation drafts a block at every sampled anchor whose whole block is answer tokens and counts the
 drafts accepted greedily in a row (against the target's argmax and against the data), as the
 decoder's chain verification would: ``tau`` = 1 + mean accepted, comparable with EAGLE's simulated
-chains (``tau_by_depth[d-1]`` cuts the same blocks at depth d).
+chains (``tau_by_depth[d-1]`` cuts the same blocks at depth d); the sums have EAGLE's keys, so
+``eagle.summarize`` reads them.
 """
 
 from __future__ import annotations
-
-import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,13 +23,12 @@ from torch import Tensor, nn
 
 from ..heads import DFlashDrafter, HeadsBase
 from .batch import TargetBatch
-from .blocks import (anchor_candidates, block_mask, block_predictions, draft_blocks, row_draws,  # noqa: F401
-                     select_anchors, slot_labels)
-from .calibration import calibration_sums, summarize_calibration
+from .blocks import anchor_candidates, block_predictions, draft_blocks, row_draws, select_anchors, slot_labels
+from .calibration import calibration_sums
 from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
 from .eagle import _EagleTask
-from .ttt import acceptance_stats, summarize_acceptance
+from .ttt import acceptance_stats
 
 
 def dflash_loss(drafter: DFlashDrafter, input_ids: Tensor, context: Tensor, target_logits: Tensor,
@@ -91,26 +89,6 @@ def block_eval_sums(drafter: DFlashDrafter, tb: TargetBatch, context: Tensor, ta
             "top1_hits": (draft == data).sum(0).float(), "starts": ones.sum().float().reshape(1), **calib}
 
 
-def summarize_blocks(stats: dict[str, Tensor]) -> dict[str, Any]:
-    """Summed eval stats -> tau (against the data and the target's argmax), acceptance and top-1 by
-    slot, calibration by depth."""
-    out: dict[str, Any] = dict(summarize_acceptance(stats))
-    greedy = summarize_acceptance({"accept_hist": stats["accept_hist_greedy"]})
-    n = float(stats["starts"].sum().clamp(min=1))
-    for key in ("tau", "mean_accepted"):
-        if key in out:
-            out[key] = round(out[key], 4)
-    out["accept_rate_by_depth"] = [round(x, 4) for x in out["accept_rate_by_depth"]]
-    out["tau_by_depth"] = [round(x, 4) for x in out.get("tau_by_depth", [])]
-    out["accept_hist"] = [int(x) for x in stats["accept_hist"]]
-    out["top1"] = [round(float(x) / n, 4) for x in stats["top1_hits"]]
-    out["tau_greedy"] = round(greedy["tau"], 4)
-    out["accept_rate_by_depth_greedy"] = [round(x, 4) for x in greedy["accept_rate_by_depth"]]
-    if "calib_count" in stats:
-        out["calibration"] = summarize_calibration(stats)
-    return out
-
-
 def least_used_token(counts: Tensor) -> int:
     """The mask token when none is given: the target token the training answers use least (the
     highest such id), so that a real anchor token rarely shares its embedding."""
@@ -162,9 +140,6 @@ class DFlashTask(_EagleTask):
         top = tb.top if tb.top is not None else tb.logits.argmax(-1)  # (B, T) the target's argmax
         return block_eval_sums(heads, tb, self.hidden(heads, tb), top, self.opts.eval_anchors)
 
-    def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
-        return summarize_blocks(stats)
 
 
-__all__ = ["DFlashTask", "block_eval_sums", "block_mask", "dflash_loss", "row_draws", "select_anchors",
-           "summarize_blocks"]
+__all__ = ["DFlashTask", "block_eval_sums", "dflash_loss"]
