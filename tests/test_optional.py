@@ -22,7 +22,8 @@ def test_a_missing_module_names_itself_and_the_install_command(monkeypatch):
 
 def test_a_submodule_names_the_missing_package_and_present_modules_import(monkeypatch):
     assert need("json", "x") is sys.modules["json"] and available("json")
-    monkeypatch.setitem(sys.modules, "wandb", None)
+    for name in [m for m in sys.modules if m == "wandb" or m.startswith("wandb.")] or ["wandb"]:
+        monkeypatch.setitem(sys.modules, name, None)  # a test before may have imported wandb.sdk itself
     with pytest.raises(MissingDependency, match=r"needs wandb, which is not installed: pip install wandb$"):
         need("wandb.sdk", "report_to: wandb")
     with pytest.raises(MissingDependency, match="pip install no_such_pkg_xyz"):

@@ -417,7 +417,7 @@ def make_accelerator(cfg: TrainConfig) -> Any:
     elif mp == "bf16" and on_cpu and not bf16_is_fast("cpu") and PartialState().is_main_process:
         print("warning: mixed_precision=bf16 on a CPU without fast bf16 matmul (emulated bf16 is many times "
               "slower than fp32 here); mixed_precision=auto picks what is fast", file=sys.stderr, flush=True)
-    log_with = tracker(cfg.report_to, PartialState().is_main_process)
+    log_with = tracker(cfg.report_to)
     # AcceleratorState is a per-process singleton that refuses a second mixed_precision; reset it
     # (not the distributed PartialState) so several runs can share one process (tests, notebooks).
     AcceleratorState._reset_state()
@@ -840,15 +840,19 @@ def resume_run(run: TrainRun, adapted: bool) -> Path | None:
     return resume
 
 
-def tracker(report_to: str, main: bool) -> list[str] | None:
+def tracker(report_to: str) -> list[str] | None:
     """accelerate's ``log_with`` for ``report_to``; a tracker whose package is not installed is left
-    out with one line saying what to install (the run's own log.jsonl still has every record)."""
+    out with one line saying what to install (the run's own log.jsonl still has every record).
+    ``PartialState`` is only asked then: made before the Accelerator on every run, it left both
+    processes of a 2-process CPU run believing they were the main one."""
     if report_to == "none":
         return None
     try:
         need(report_to, f"report_to: {report_to}")
     except MissingDependency as e:
-        if main:
+        from accelerate import PartialState
+
+        if PartialState().is_main_process:
             print(f"headway train: {skip_line(e, f'report_to: {report_to}')}; the run's log.jsonl has every "
                   "record", file=sys.stderr, flush=True)
         return None
