@@ -41,3 +41,29 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     special = [getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "unk")]
     payload = json.dumps([vocab, special], ensure_ascii=False, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def encode_prompt(tokenizer: Any, prompt: Any, chat: bool | None = None) -> list[int]:
+    """A decoding prompt -> token ids: token ids as they are (a list or a tensor), a string as raw
+    text (or, with ``chat`` and a chat template, as one user message), a list of messages through
+    the chat template. The one encoder of ``generate``, ``generate_batch``, ``bench`` and ``chat``.
+    Raises ``ValueError`` on an empty prompt, or messages without a template."""
+    import torch
+
+    if isinstance(prompt, torch.Tensor):
+        ids = prompt.reshape(-1).tolist()
+    elif isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if isinstance(prompt, list) or (chat if chat is not None else False) and has_template:
+            if not has_template:
+                raise ValueError("messages need a chat template, and this tokenizer has none")
+            msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            out = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+    else:
+        ids = list(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty")
+    return [int(i) for i in ids]

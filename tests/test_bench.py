@@ -371,7 +371,7 @@ def test_batch_size_benches_batched_greedy_throughput(folders, tmp_path, capsys)
 
 @pytest.mark.parametrize("kw,message", [
     (dict(batch_size=[3]), "batch_size"),
-    (dict(batch_size=[2], temperature=[0.0, 1.0]), "greedy decoding only"),
+    (dict(batch_size=[2], temperature=[0.0, -1.0]), "temperature"),
 ])
 def test_batch_size_is_checked(kw, message):
     with pytest.raises(ConfigError, match=message):
@@ -394,3 +394,19 @@ def test_weight_major_baseline_and_the_kernel_plan_are_reported(folders):
     assert rep["settings"]["linear_kernels"] == {"hf-weight-major": everywhere, "medusa[chain-3]": everywhere,
                                                  "hf-prompt-lookup-weight-major": everywhere}
     assert "linear kernel: weight-major at 1" in render_table(rep).caption
+
+
+def test_batch_size_benches_sampling_and_the_same_kernel_baseline(folders, tmp_path):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--target", str(folders / "target"), "--heads", str(folders / "eagle3"),
+               "--prompts", str(folders / "prompts.jsonl"), "--max-new-tokens", "8", "--repeats", "1",
+               "--tree", "chain-3", "--batch-size", "2", "--temperature", "0", "1", "--baselines", "hf-weight-major",
+               "--no-progress", "--json", str(out)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["batched"]
+    assert [(e["temperature"], e["kind"]) for e in rows] == [
+        (t, k) for t in (0.0, 1.0) for k in ("hf_generate", "hf_weight_major", "eagle3")]
+    for e in rows:
+        assert (e["exact_match"] is None) == (e["temperature"] > 0)
+        assert e["speedup_same_kernel"] > 0 and e["tokens_per_s_per_row"] == pytest.approx(e["tokens_per_s"] / 2)
+    assert rows[2]["exact_match"] == 1.0 and rows[1]["speedup_same_kernel"] == 1.0

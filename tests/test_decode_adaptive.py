@@ -86,7 +86,7 @@ def llama():
 
 
 def _set_costs(spec, costs):
-    spec._verify_costs[torch.get_num_threads()] = torch.as_tensor(costs, dtype=torch.float64)
+    spec.policy.verify_costs_by_threads[torch.get_num_threads()] = torch.as_tensor(costs, dtype=torch.float64)
 
 
 def test_adaptive_trees_stay_exact_with_measured_costs(llama):
@@ -101,7 +101,7 @@ def test_adaptive_trees_stay_exact_with_measured_costs(llama):
             n += 1
             assert spec.generate(p, max_new_tokens=16).ids == ref, (kind, p)
         assert n >= 8
-        costs = spec.verify_costs()  # measured on first use, for 1..12 tokens
+        costs = spec.policy.verify_costs(spec.runtime)  # measured on first use, for 1..12 tokens
         assert costs.shape == (12,) and (costs > 0).all() and (costs[1:] >= costs[:-1]).all()
 
 
@@ -150,7 +150,7 @@ def test_forward_cost_times_each_size(llama):
     model, tok = llama
     spec = Speculator(model, tok, make_heads("eagle3", model), tree="adaptive-4-4-12")
     rng = torch.get_rng_state()
-    curve = forward_cost(spec, [4, 1, 4, 12], repeats=2)
+    curve = forward_cost(spec.runtime, [4, 1, 4, 12], repeats=2)
     assert sorted(curve) == [1, 4, 12] and all(t > 0 for t in curve.values())
     assert torch.equal(torch.get_rng_state(), rng)  # timing never moves a user's seeded RNG
 
@@ -165,7 +165,7 @@ def test_batches_verify_an_adaptive_tree_at_its_full_budget_and_stay_exact(llama
     model, tok = llama
     ps = [p for p in prompts(tok, n=8, seed=6)][:3]
     refs = [reference(model, p, 10) for p in ps]
-    spec = Speculator(model, tok, make_heads("eagle3", model), tree="adaptive-4-4-12")
+    spec = Speculator(model, tok, make_heads("eagle3", model), tree="adaptive-4-4-12", batch_policy="always")
     out = spec.generate_batch(ps, max_new_tokens=10)
     checked = 0
     for row, p, ref in zip(out.rows, ps, refs):

@@ -87,15 +87,15 @@ def test_context_restores_after_an_error_and_leaves_other_implementations_alone(
 def test_decoding_with_grouped_attention_stays_exact_and_matches_sdpa_trees(llama):
     model, tok = llama
     spec = Speculator(model, tok, make_heads("eagle3", model), tree="dynamic-4-4-12")
-    assert spec.grouped_attention
+    assert spec.runtime.grouped_attention
     checked = 0
     for p in prompts(tok, n=10, seed=7):
         ref = reference(model, p, 16)
         if not tie_free(model, p, ref):
             continue
-        spec.grouped_attention = True
+        spec.runtime.grouped_attention = True
         on = spec.generate(p, max_new_tokens=16)
-        spec.grouped_attention = False
+        spec.runtime.grouped_attention = False
         off = spec.generate(p, max_new_tokens=16)
         assert on.ids == ref == off.ids
         assert on.stats.target_forwards == off.stats.target_forwards  # the same trees were accepted

@@ -1,13 +1,17 @@
-"""Batched greedy decoding: every row equals its own unbatched greedy output, token for token."""
+"""Batched greedy decoding: every row equals its own unbatched greedy output, token for token.
+
+The speculators here draft at every step (``batch_policy="always"``), so a row's drafts and
+acceptance compare step by step with its unbatched run; the batch policy's plain steps are tested
+in ``test_decode_policy.py``."""
 
 import pytest
 import torch
 
 from headway.decode import Speculator
 from headway.decode.args import DecodeError
-from headway.decode.batch import left_pad, prefill_mask
 from headway.decode.batch_proposers import EagleBatchProposer, RowsProposer, make_batch_proposer
-from headway.decode.padding import catch_up_visible, first_slots, used_columns
+from headway.decode.layouts import PaddedRows
+from headway.decode.padding import catch_up_visible, first_slots, left_pad, prefill_mask, used_columns
 from headway.decode.proposers import make_proposer
 from headway.testing import tiny_target
 
@@ -52,7 +56,7 @@ def oracles(spec, refs, ps, vocab):
 def test_rows_equal_unbatched_and_hf(llama, batch, kind, shape):
     model, tok = llama
     ps, refs = batch
-    spec = Speculator(model, tok, make_heads(kind, model), tree=shape)
+    spec = Speculator(model, tok, make_heads(kind, model), tree=shape, batch_policy="always")
     out = spec.generate_batch(ps, max_new_tokens=40)  # random heads: few drafts accepted
     for p, ref, row in zip(ps, refs, out.rows):
         assert row.ids == ref == spec.generate(p, max_new_tokens=40).ids, (kind, shape, len(p))
@@ -76,7 +80,7 @@ def test_rows_stop_at_eos_independently(llama, batch):
     eos = refs[0][6]
     model.generation_config.eos_token_id = eos
     try:
-        spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4")
+        spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4", batch_policy="always")
         spec.new_proposer = oracles(spec, refs, ps, model.config.vocab_size)
         out = spec.generate_batch(ps, max_new_tokens=40)
         single = [spec.generate(p, max_new_tokens=40) for p in ps]
@@ -95,7 +99,7 @@ def test_rows_stop_at_eos_independently(llama, batch):
 def test_batch_of_one_and_mixed_max_new(llama, batch):
     model, tok = llama
     ps, refs = batch
-    spec = Speculator(model, tok, make_heads("medusa", model), tree="mc_sim_7b_63")
+    spec = Speculator(model, tok, make_heads("medusa", model), tree="mc_sim_7b_63", batch_policy="always")
     one = spec.generate_batch([ps[0]], max_new_tokens=25).rows[0]
     assert one.ids == spec.generate(ps[0], max_new_tokens=25).ids == refs[0][:25]
     assert one.text == tok.decode(one.ids)
@@ -105,9 +109,9 @@ def test_batch_of_one_and_mixed_max_new(llama, batch):
 
 def test_refusals(llama):
     model, tok = llama
-    spec = Speculator(model, tok, make_heads("medusa", model), tree="chain-4")
-    with pytest.raises(DecodeError, match="greedy only"):
-        spec.generate_batch([[5, 6], [7]], temperature=0.7)
+    spec = Speculator(model, tok, make_heads("medusa", model), tree="chain-4", batch_policy="always")
+    with pytest.raises(DecodeError, match="temperature must be"):
+        spec.generate_batch([[5, 6], [7]], temperature=[0.7, -1.0])
     with pytest.raises(DecodeError, match="list of prompts"):
         spec.generate_batch("one prompt")
     with pytest.raises(DecodeError, match="list of prompts"):
@@ -127,18 +131,16 @@ def test_left_pad_and_prefill_mask():
 
 def test_visible_gaps_are_caught(llama, batch, monkeypatch):
     """The comparison can fail: letting rows see the gap slots rejected drafts left breaks exactness."""
-    from headway.decode import batch as batch_module
-
     model, tok = llama
     ps, refs = batch
-    real = batch_module.keep_accepted_rows
+    real = PaddedRows.keep
 
-    def leaky(b, width, verdicts):
-        real(b, width, verdicts)
-        b.valid[:, -1:] = True  # the last kept tree slot: a gap for rows that accepted less
+    def leaky(kv, verdicts, lengths, width):
+        real(kv, verdicts, lengths, width)
+        kv.valid[:, -1:] = True  # the last kept tree slot: a gap for rows that accepted less
 
-    monkeypatch.setattr(batch_module, "keep_accepted_rows", leaky)
-    spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4")
+    monkeypatch.setattr(PaddedRows, "keep", leaky)
+    spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4", batch_policy="always")
     spec.new_proposer = oracles(spec, refs, ps, model.config.vocab_size)
     out = spec.generate_batch(ps, max_new_tokens=40)
     assert sum(r.ids != ref for r, ref in zip(out.rows, refs)) >= 1
@@ -213,7 +215,7 @@ def test_batched_drafts_equal_unbatched_drafts(llama, batch, kind, shape):
     eos = refs[1][9]
     model.generation_config.eos_token_id = eos
     try:
-        spec = Speculator(model, tok, make_heads(kind, model), tree=shape)
+        spec = Speculator(model, tok, make_heads(kind, model), tree=shape, batch_policy="always")
         made = []
         spec.new_batch_proposer = twin_checked(spec, refs, ps, model.config.vocab_size, made)
         out = spec.generate_batch(ps, max_new_tokens=40)
@@ -246,7 +248,7 @@ def test_a_drafter_that_sees_gaps_is_caught(llama, batch, monkeypatch, leak):
     else:
         real = batch_proposers.first_slots
         monkeypatch.setattr(batch_proposers, "first_slots", lambda counts, dev: torch.ones_like(real(counts, dev)))
-    spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4")
+    spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4", batch_policy="always")
     spec.new_batch_proposer = twin_checked(spec, refs, ps, model.config.vocab_size, [])
     with pytest.raises(AssertionError, match="row log-probs differ"):
         spec.generate_batch(ps, max_new_tokens=40)
@@ -264,7 +266,7 @@ def test_rows_near_the_context_window_shrink_their_own_trees(llama, batch, kind,
     saved = model.config.max_position_embeddings
     model.config.max_position_embeddings = limit
     try:
-        spec = Speculator(model, tok, make_heads(kind, model), tree=shape)
+        spec = Speculator(model, tok, make_heads(kind, model), tree=shape, batch_policy="always")
         made = []
         spec.new_batch_proposer = twin_checked(spec, refs, ps, model.config.vocab_size, made)
         new = [limit - len(p) - 1 for p in ps]  # every row runs into the window at its own step
@@ -301,7 +303,7 @@ def test_generate_batch_drafts_in_one_call_per_level(llama, batch, monkeypatch):
     calls = []
     real = EagleBatchProposer.expand
     monkeypatch.setattr(EagleBatchProposer, "expand", lambda self, *a: calls.append(a[1].shape) or real(self, *a))
-    spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4")
+    spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4", batch_policy="always")
     out = spec.generate_batch(ps, max_new_tokens=6)
     assert calls and all(shape == (len(ps), 1) for shape in calls[:3])  # all rows in one call per level
     assert [r.ids for r in out.rows] == [r[:6] for r in refs]

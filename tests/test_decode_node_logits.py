@@ -18,6 +18,16 @@ from test_decode_exact import OracleProposer, make_heads, prompts, reference
 PARENTS = torch.tensor([-1, 0, 0, 1, 3, 2])
 
 
+class Capture:
+    """A step hook keeping each step's node logits."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def on_step(self, batch, scored, verdicts, new, times):
+        self.out.extend(scored.node_logits)
+
+
 def test_rows_are_projected_when_read_with_the_first_child_chain():
     torch.manual_seed(0)
     head = nn.Linear(8, 11, bias=False)
@@ -106,9 +116,8 @@ def test_lazy_verification_is_exact_and_projects_fewer_rows(arch):
         spec = Speculator(model, tok, make_heads("eagle1", model), tree="dynamic-4-5-16", verify_logits=mode)
         outs[mode] = []
         if mode == "auto":  # keep every step's scored tree, to count its on-demand projections
-            score = spec.draft_and_score
-            spec.draft_and_score = lambda *a: projections.append(s := score(*a)) or s
-        spec.uses_lazy_logits()  # its one-off check projects a probe
+            spec.hooks.append(Capture(projections))
+        spec.runtime.uses_lazy_logits()  # its one-off check projects a probe
         counter.rows = 0
         for i, (p, ref) in enumerate(zip(ps, refs)):
             spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), V, seed=i)
@@ -120,13 +129,13 @@ def test_lazy_verification_is_exact_and_projects_fewer_rows(arch):
             assert ("lm_head over" in st.summary()) == (mode == "auto")
             outs[mode].append(out.ids)
         rows[mode] = counter.rows
-        assert spec.lazy_logits is (mode == "auto")
+        assert spec.runtime.lazy_logits is (mode == "auto")
     assert outs["auto"] == outs["all"]
-    assert all(s.node_logits.lazy for s in projections)
-    per_step = [s.node_logits.projections for s in projections]
+    assert all(s.lazy for s in projections)
+    per_step = [s.projections for s in projections]
     assert max(per_step) >= 2 and sum(per_step) / len(per_step) < 2  # off-chain acceptances cost a second one
     prefill = 4  # one row per prompt (logits_to_keep=1)
-    assert rows["auto"] == prefill + sum(len(s.node_logits.rows) for s in projections)  # nothing else projected
+    assert rows["auto"] == prefill + sum(len(s.rows) for s in projections)  # nothing else projected
     assert rows["all"] == prefill + 16 * len(projections)  # the same trees, every node projected
     # the oracle puts the right token at rank 1 a third of the time, so walks often leave the
     # first-child chain; trained drafts leave it less (rank 0 carries most acceptance)
@@ -149,7 +158,7 @@ def test_small_trees_and_chains_project_every_row_in_the_forward():
         params, gen = SamplingParams(temperature=1.0), torch.Generator().manual_seed(0)
         sampled = spec.draft_and_score(spec.start(spec.encode([5, 6, 7]), params, gen), params, gen)
         assert sampled.draft_probs is not None and not sampled.node_logits.lazy
-    assert spec.uses_lazy_logits()  # while trees of this target would be verified lazily
+    assert spec.runtime.uses_lazy_logits()  # while trees of this target would be verified lazily
 
 
 def _greedy():
@@ -170,7 +179,7 @@ def test_transformed_logits_keep_the_full_forward():
     assert head_matches_logits(llama, llama.config.num_hidden_layers, probe)
     spec = Speculator(gemma, tiny_tokenizer(), make_heads("eagle1", gemma), tree="dynamic-3-3-8")
     out = spec.generate([0, 5, 9], max_new_tokens=8)
-    assert spec.lazy_logits is False and out.ids == reference(gemma, [0, 5, 9], 8)
+    assert spec.runtime.lazy_logits is False and out.ids == reference(gemma, [0, 5, 9], 8)
 
 
 def test_verify_logits_is_checked():
@@ -187,9 +196,9 @@ def test_bench_counts_projections_as_target_time_not_forwards():
     model, tok = tiny_target("llama")
     spec = Speculator(model, tok, make_heads("eagle1", model), tree="dynamic-3-3-8")
     lm_head = model.get_output_embeddings()
-    probe = Probe(model, [lm_head], [spec.projection])
+    probe = Probe(model, [lm_head], [spec.runtime.projection])
     try:
-        spec.projection(torch.randn(3, model.config.hidden_size))
+        spec.runtime.projection(torch.randn(3, model.config.hidden_size))
         assert probe.time["target"] > 0 and probe.time["drafter"] == 0 and probe.target_forwards == 0
         lm_head(torch.randn(3, model.config.hidden_size))
         assert probe.time["drafter"] > 0
@@ -197,4 +206,4 @@ def test_bench_counts_projections_as_target_time_not_forwards():
         assert probe.target_forwards == 1
     finally:
         probe.close()
-    assert sum(p.numel() for p in spec.projection.parameters()) == 0  # the target's weights, not its own
+    assert sum(p.numel() for p in spec.runtime.projection.parameters()) == 0  # the target's weights, not its own

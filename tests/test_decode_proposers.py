@@ -8,7 +8,9 @@ import pytest
 
 from headway.decode.proposers import EagleProposer, MedusaProposer, make_proposer
 from headway.decode.shapes import Proposer
-from headway.decode.speculator import DecodeState, Speculator
+from headway.decode.batch_proposers import BatchProposer
+from headway.decode.speculator import Speculator
+from headway.decode.step import Batch
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads
 
 METHODS = ("prefill", "accept", "root_logprobs", "expand", "to_target_ids", "end_tree", "fork")
@@ -46,5 +48,5 @@ def test_made_proposers_and_their_forks_satisfy_it(tiny_llama, make):
 
 
 def test_speculator_types_its_proposer_with_the_protocol():
-    assert typing.get_type_hints(DecodeState)["proposer"] is Proposer
+    assert typing.get_type_hints(Batch)["proposer"] is BatchProposer
     assert inspect.signature(Speculator.new_proposer).return_annotation == "Proposer"

@@ -3,6 +3,8 @@ dtype, the static KV cache and torch.compile. Every path must keep the output ex
 
 import pytest
 import torch
+
+from headway.sampling import SamplingParams
 from test_decode_exact import OracleProposer, make_heads, prompts, reference
 from transformers import DynamicCache, StaticCache
 
@@ -41,7 +43,7 @@ def test_from_pretrained_passes_device_map_and_attention(llama_dir, tmp_path):
     heads.save_pretrained(tmp_path / "heads")
     spec = Speculator.from_pretrained(str(llama_dir), tmp_path / "heads", device_map="cpu",
                                       attn_implementation="eager", static_cache=True)
-    assert spec.target.config._attn_implementation == "eager" and spec.static_cache
+    assert spec.target.config._attn_implementation == "eager" and spec.runtime.static_cache
     assert spec.generate("def f(x):", max_new_tokens=8).stats.new_tokens == 8
 
 
@@ -153,8 +155,9 @@ def test_static_cache_needs_max_new_tokens(models):
     model, tok = models["llama"]
     spec = Speculator(model, tok, make_heads("medusa", model), static_cache=True)
     with pytest.raises(DecodeError, match="max_new_tokens"):
-        spec.new_cache(5, None)
-    assert static_length(spec.new_cache(5, 10)) == 5 + 10 + spec.tree.size
+        spec.start(torch.tensor([[5, 6, 7, 8, 9]]), SamplingParams(), torch.Generator())
+    state = spec.start(torch.tensor([[5, 6, 7, 8, 9]]), SamplingParams(), torch.Generator(), max_new_tokens=10)
+    assert static_length(state.kv.cache) == 5 + 10 + spec.tree.size
 
 
 # -- torch.compile ---------------------------------------------------------------------------
@@ -163,7 +166,7 @@ def test_static_cache_needs_max_new_tokens(models):
 def test_compiled_decoder_matches_greedy_generate(kind):
     model, tok = tiny_target("llama")
     spec = Speculator(model, tok, make_heads(kind, model), tree="chain-4", compile=True)
-    assert spec.static_cache and spec.compiled and spec.kernels.kernel == "stock"  # compile picks its own kernels
+    assert spec.runtime.static_cache and spec.runtime.compiled and spec.kernels.kernel == "stock"  # compile picks its own kernels
     for i, p in enumerate(prompts(tok, n=2)):
         ref = reference(model, p, 12)
         spec.new_proposer = lambda: OracleProposer(make_proposer(spec.heads), ref, len(p), model.config.vocab_size,

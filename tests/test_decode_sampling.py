@@ -113,7 +113,7 @@ def speculative_samples(spec, params, n, seed, verifier=verify_sample, lazy=Fals
             nxt = prefix + tuple(new)
             if len(nxt) < N_TOKENS and nxt not in states:
                 twin = spec.fork(st)
-                assert spec.commit(twin, scored, verdict) == new and tuple(twin.emitted) == nxt
+                assert spec.commit(twin, scored, verdict) == new and tuple(twin.rows[0].emitted) == nxt
                 states[nxt] = twin
             prefix = nxt
         key = prefix[:N_TOKENS]

@@ -41,6 +41,10 @@ class TuneConfig(DecodeTargetArgs):
     calibration_data: str | None = opt(None, "a distilled dataset or features folder of this target: fit the heads' "
                                              "draft calibration (temperature by depth) on it and store it with the "
                                              "tree; default: the calibration training stored, if any")
+    batch_sizes: list[int] = opt(default_factory=list, help="also measure, per batch size, the chosen tree against "
+                                 "plain decoding with the same kernel (Speculator.generate_batch, the calibration "
+                                 "prompts in batches) and store which is faster: generate_batch then speculates only "
+                                 "at batch sizes where it pays (without it the choice is measured while decoding)")
     write: bool = opt(True, "store the chosen tree in the heads' config.json")
     json_out: str | None = opt(None, "write the measurements here as JSON")
 
@@ -50,6 +54,9 @@ class TuneConfig(DecodeTargetArgs):
             raise ConfigError("'temperatures' needs one or more values >= 0")
         for t in self.temperatures:
             check_decode_args(self.max_new_tokens, t)
+        self.batch_sizes = sorted(set(self.batch_sizes))
+        if any(b < 1 for b in self.batch_sizes):
+            raise ConfigError(f"'batch_sizes' must be whole numbers >= 1, got {self.batch_sizes}")
 
 
 OPTIONAL_BASELINES = ("hf-assisted", "hf-prompt-lookup", "hf-weight-major", "hf-prompt-lookup-weight-major")
@@ -106,10 +113,11 @@ class BenchConfig(DecodeTargetArgs):
     threads: int | None = opt(None, "torch CPU threads (1 is often fastest for small models on a busy machine)")
     json: str | None = opt(None, "write the report here (schema headway.bench/1)")
     plot: str | None = opt(None, "write a PNG here: speedup by method, acceptance by depth")
-    batch_size: list[int] = opt(help="batched greedy throughput instead of the per-prompt protocol: --batch-size 1 4 8 "
-                                     "runs HF generate (left-padded batches, the baseline) and each headway method "
-                                     "(Speculator.generate_batch) on batches of each size; temperature 0 only, and "
-                                     "HF generate is the only baseline (assisted and prompt lookup do not batch)",
+    batch_size: list[int] = opt(help="batched throughput instead of the per-prompt protocol: --batch-size 1 4 8 "
+                                     "runs HF generate (left-padded batches, the baseline; with hf-weight-major in "
+                                     "--baselines also with the linear kernel) and each headway method "
+                                     "(Speculator.generate_batch) on batches of each size, at each --temperature; "
+                                     "assisted and prompt lookup do not batch",
                                 default_factory=list, choices=BATCH_SIZES)
     progress: bool = opt(True, "progress on stderr: a bar on a terminal, else a plain line with rate and ETA")
 
@@ -129,9 +137,6 @@ class BenchConfig(DecodeTargetArgs):
         self.calibration = list(dict.fromkeys(self.calibration))
         self.verify_logits = list(dict.fromkeys(self.verify_logits))  # type: ignore[assignment]
         self.batch_size = sorted(set(self.batch_size))
-        if self.batch_size and self.temperature != [0.0]:
-            raise ConfigError(f"'batch_size' benches greedy decoding only (temperature 0); got temperature "
-                              f"{self.temperature}: leave --temperature out, or bench sampling without --batch-size")
         if self.tree:  # a bad tree fails before the target is loaded
             from ..decode.shapes import parse_shape  # lazy: it imports torch, which --help does not need
 

@@ -296,8 +296,8 @@ class HeadwayMethod:
         # every submodule: a drafter may call a grandchild outside its forward (DFlash projects the new
         # context's keys and values with each layer's k_proj / v_proj); only the outermost call is timed
         self.drafter_modules = [*heads.modules(), *borrowed]
-        self.projections = [speculator.projection]  # on-demand lm_head rows: the target's time
-        speculator.uses_lazy_logits()  # its one-off probe forwards, before any timed run counts them
+        self.projections = [speculator.runtime.projection]  # on-demand lm_head rows: the target's time
+        speculator.runtime.uses_lazy_logits()  # its one-off probe forwards, before any timed run counts them
         self.kernels: LinearKernels | None = speculator.kernels
 
     def param_bytes(self) -> int:

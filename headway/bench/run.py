@@ -181,7 +181,7 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
     # "uncalibrated" only where it can differ: a dynamic tree of heads that carry a calibration
     tags = ["" if m.calibrated or not m.has_calibration else "[uncalibrated]" for m in methods]
     if len(cfg.verify_logits) > 1:  # side by side: the rows that project every node say so
-        tags = [t + ("[all-logits]" if m.speculator.lazy_logits is False else "") for t, m in zip(tags, methods)]
+        tags = [t + ("[all-logits]" if m.speculator.runtime.lazy_logits is False else "") for t, m in zip(tags, methods)]
     names = [f"{m.kind}[{m.tree}]{tag}" for m, tag in zip(methods, tags)]
     for i, m in enumerate(methods):
         m.name = (names[i] if names.count(names[i]) == 1
@@ -390,7 +390,8 @@ def bench_cli(cfg: BenchConfig) -> int:
         from .batched import render_batched
 
         console.print(render_batched(report))
-        bad = sorted({e["name"] for e in report["batched"] if e["kind"] != "hf_generate" and e["exact_match"] < 1})
+        bad = sorted({e["name"] for e in report["batched"] if not e["kind"].startswith("hf_")
+                      and e["exact_match"] is not None and e["exact_match"] < 1})
     else:
         console.print(render_table(report))
         bad = [m["name"] for m in report["methods"] if m["exact_match"] is not None and m["exact_match"] < 1]

@@ -32,6 +32,7 @@ from ..decode.sampling import SamplingParams
 from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, is_top1_chain,
                              mc_sim_7b_63)
 from ..decode.speculator import Speculator
+from ..decode.step import verify_row
 
 
 def shape_spec(shape: TreeShape) -> str:
@@ -49,7 +50,7 @@ def measure_acceptance(spec: Speculator, prompts: list[Any], depth: int, ranks: 
     candidate, given depths 1..d were right. Measured with a probe tree: the rank-0 chain with
     ``ranks`` alternatives hanging off every chain node."""
     probe = StaticShape([(0,) * d + (r,) for d in range(depth) for r in range(ranks)], name="probe")
-    probe = spec._default_tree(probe, spec.new_proposer())
+    probe = spec.fit_tree(probe)
     depth = probe.depth
     hits = torch.zeros(depth, ranks)
     trials = torch.zeros(depth)
@@ -59,7 +60,8 @@ def measure_acceptance(spec: Speculator, prompts: list[Any], depth: int, ranks: 
     try:
         for prompt in prompts:
             state = spec.start(spec.encode(prompt), params, gen)
-            while len(state.emitted) < max_new and state.length + depth + 1 < spec.max_positions:
+            row = state.rows[0]
+            while len(row.emitted) < max_new and row.length + depth + 1 < spec.max_positions:
                 scored = spec.draft_and_score(state)
                 tree, b = scored.tree, scored.tree.buffers
                 want = scored.logits.argmax(-1)  # target's next token after each node
@@ -74,7 +76,7 @@ def measure_acceptance(spec: Speculator, prompts: list[Any], depth: int, ranks: 
                     hits[d, int(probe.ranks[match[0]])] += 1
                     if int(probe.ranks[match[0]]) != 0:
                         break
-                spec.commit(state, scored, spec._verify(tree.tokens, b, scored.logits, params, gen))
+                spec.commit(state, scored, verify_row(tree, scored.node_logits, params, gen))
     finally:
         spec.tree = saved
     return (hits / trials.clamp(min=1)[:, None]).tolist()
@@ -84,12 +86,13 @@ def measure_acceptance(spec: Speculator, prompts: list[Any], depth: int, ranks: 
 def draft_cost(spec: Speculator, shape: TreeShape, prompt: Any, repeats: int = 5) -> float:
     """Median seconds to draft one tree of ``shape`` after a prefill."""
     state = spec.start(spec.encode(prompt), SamplingParams(), torch.Generator())
+    proposer = state.proposer.rows[0]  # one prompt: its own (unbatched) proposer
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         with spec.kernels():
-            build_tree(shape, state.proposer, torch.tensor(state.emitted[-1], device=spec.device))
-        state.proposer.end_tree()
+            build_tree(shape, proposer, torch.tensor(state.rows[0].emitted[-1], device=spec.device))
+        proposer.end_tree()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 
@@ -138,7 +141,7 @@ def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: li
 
 def presets(spec: Speculator) -> dict[str, TreeShape]:
     proposer = spec.new_proposer()
-    fix = lambda s: spec._default_tree(s, proposer)  # noqa: E731 - clip to the heads' depth / vocab
+    fix = spec.fit_tree  # clip to the heads' depth / vocab
     out = {"mc_sim_7b_63": fix(mc_sim_7b_63())}  # chains: ``chains``
     if proposer.max_depth is None:  # EAGLE: dynamic trees
         out["dynamic-4-5-16"] = fix(DynamicShape(4, 5, 16))
@@ -151,16 +154,14 @@ def presets(spec: Speculator) -> dict[str, TreeShape]:
 def chains(spec: Speculator, depth: int) -> dict[str, TreeShape]:
     """chain-1 .. chain-``depth`` (capped by the heads): always measured, so the stored tree is
     never slower than the best chain on the same prompts."""
-    proposer = spec.new_proposer()
-    shapes = [spec._default_tree(chain(d), proposer) for d in range(1, depth + 1)]
+    shapes = [spec.fit_tree(chain(d)) for d in range(1, depth + 1)]
     return {f"chain-{s.depth}": s for s in shapes}
 
 
 def dynamic_budgets(spec: Speculator, sizes: list[int], depth: int) -> dict[str, TreeShape]:
     """Dynamic trees with the node budgets of the static finalists: at equal size, whether ranking
     by (calibrated) draft confidence beats the measured static tree is measured, not guessed."""
-    proposer = spec.new_proposer()
-    shapes = [spec._default_tree(DynamicShape(min(4, n), depth, n + 1), proposer) for n in sizes]
+    shapes = [spec.fit_tree(DynamicShape(min(4, n), depth, n + 1)) for n in sizes]
     return {shape_spec(s): s for s in shapes}
 
 
@@ -197,10 +198,10 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     say(f"measuring acceptance by depth and rank on {len(prompts)} prompts ...")
     acc = measure_acceptance(spec, prompts, cfg.probe_depth, cfg.probe_rank, cfg.max_new_tokens)
     say("measuring the forward-cost curve ...")
-    cost = forward_cost(spec, [1] + [s + 1 for s in cfg.sizes])
+    cost = forward_cost(spec.runtime, [1] + [s + 1 for s in cfg.sizes])
     candidates: dict[str, tuple[StaticShape, float]] = {}
     for n in cfg.sizes:
-        shape = spec._default_tree(from_accuracies(acc, n), spec.new_proposer())
+        shape = spec.fit_tree(from_accuracies(acc, n))
         step = draft_cost(spec, shape, prompts[0]) + interpolate(cost, shape.size)
         candidates[f"measured-{n}"] = (shape, (1 + expected_accepted(shape, acc)) / step)
     best = sorted(candidates, key=lambda k: -candidates[k][1])[: cfg.finalists]
@@ -233,11 +234,45 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
               "linear_kernel": spec.kernels.plan().describe()}
     if calibration is not None:
         report["calibration"] = calibration
+    if cfg.batch_sizes:
+        spec.tree, spec.sampling_tree = spec.fit_tree(shapes[winner]), spec.fit_tree(shapes[sampling])
+        say(f"speculation against plain decoding at batch sizes {', '.join(map(str, cfg.batch_sizes))} ...")
+        report["by_batch_side_by_side"] = measure_batch_cutover(spec, prompts, cfg.batch_sizes, cfg.max_new_tokens,
+                                                                cfg.temperatures, cfg.repeats)
+        report["by_batch"] = {str(b): r["speculate"] for b, r in report["by_batch_side_by_side"].items()}
     if cfg.write:
         store_tree(Path(cfg.heads), report)
     if cfg.json_out:
         Path(cfg.json_out).write_text(json.dumps(report, indent=2))
     return report
+
+
+@torch.inference_mode()
+def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int], max_new: int,
+                          temperatures: list[float], repeats: int) -> dict[int, dict[str, Any]]:
+    """Per batch size: tokens/s of ``generate_batch`` speculating with the tuned trees and decoding
+    plainly (a tree of the root alone: the same step, kernels and cache), interleaved, summed over
+    ``temperatures``; ``speculate`` is whether the former was faster."""
+    saved = spec.policy.by_batch, spec.policy.batch_aware
+    out: dict[int, dict[str, Any]] = {}
+    try:
+        for size in sizes:
+            rows = [prompts[i % len(prompts)] for i in range(size)]
+            tps: dict[bool, list[float]] = {True: [], False: []}
+            for r in range(repeats + 1):  # the first round warms up
+                for mode in ((True, False) if r % 2 == 0 else (False, True)):
+                    spec.policy.by_batch, spec.policy.batch_aware = {1: mode}, True
+                    tokens, seconds = 0, 0.0
+                    for t in temperatures:
+                        res = spec.generate_batch(rows, max_new_tokens=max_new, temperature=t, seed=r)
+                        tokens, seconds = tokens + res.new_tokens, seconds + res.time_total
+                    if r:
+                        tps[mode].append(tokens / seconds)
+            on, off = statistics.median(tps[True]), statistics.median(tps[False])
+            out[size] = {"speculate": on >= off, "tokens_per_s": on, "plain_tokens_per_s": off}
+    finally:
+        spec.policy.by_batch, spec.policy.batch_aware = saved
+    return out
 
 
 def store_tree(heads_dir: Path, report: dict[str, Any]) -> None:
@@ -248,6 +283,8 @@ def store_tree(heads_dir: Path, report: dict[str, Any]) -> None:
               "side_by_side": report["side_by_side"], "calibrated": report.get("calibrated", False)}
     if report.get("sampling_tree", report["tree"]) != report["tree"]:  # else the tree serves both
         decode.update(sampling_tree=report["sampling_tree"], sampling_chosen=report["sampling_chosen"])
+    if "by_batch" in report:  # speculate or not, per batch size (decode/policy.py)
+        decode["by_batch"] = report["by_batch"]
     entries: dict[str, Any] = {"decode": decode}
     if "calibration" in report:  # fitted by tune: the tree was chosen with it, so they go together
         entries["calibration"] = {k: v for k, v in report["calibration"].items() if k != "summary"}
@@ -274,6 +311,9 @@ def tune_cli(cfg: TuneConfig) -> int:
             row += [f"{r[name]['tokens_per_s']:.1f}", f"{r[name]['tau']:.2f}"]
         table.add_row(*row)
     Console().print(table)
+    for size, r in report.get("by_batch_side_by_side", {}).items():
+        print(f"batch {size}: speculating {r['tokens_per_s']:.1f} tok/s, plain {r['plain_tokens_per_s']:.1f} tok/s "
+              f"-> {'speculate' if r['speculate'] else 'plain decoding'}")
     if cfg.write:
         print(f"stored in {Path(cfg.heads) / 'config.json'}: generate will use tree {chosen}")
     return 0

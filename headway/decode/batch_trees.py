@@ -14,12 +14,13 @@ only near the context window (``Speculator._shape_for`` shrinks the depth):
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from .batch_proposers import BatchProposer
-from .shapes import DraftTree, DynamicShape, StaticShape, TreeShape, _levels, calibrated, depth_temperature, select_tree
+from .shapes import (DraftTree, DynamicShape, StaticShape, TreeShape, _levels, calibrated, chain, depth_temperature,
+                     select_tree)
 
 
 def build_static_batch(shape: StaticShape, bp: BatchProposer, roots: torch.Tensor
@@ -85,3 +86,28 @@ def build_trees(shapes: Sequence[TreeShape], bp: BatchProposer, roots: torch.Ten
     cap = bp.max_depth
     depths = [min(s.depth, cap or s.depth) for s in shapes]
     return build_dynamic_batch(shapes[0], bp, roots, depths)
+
+
+def build_sampled_chains(depth: int, bp: BatchProposer, roots: torch.Tensor, samples: Sequence[Any],
+                         target_vocab: int) -> tuple[list[DraftTree], list[torch.Tensor]]:
+    """``shapes.build_sampled_chain`` for B rows: one drafter call per depth for all rows, row b's
+    draft drawn by ``samples[b](logprobs) -> (probs, draft_id)`` (its own parameters and generator).
+    Returns the trees and each row's (depth, target_vocab) draft distributions."""
+    dev = roots.device
+    B = roots.numel()
+    logp = bp.root_logprobs()  # (B, Vd)
+    vocab_ids = bp.to_target_ids(torch.arange(logp.shape[-1], device=dev))
+    draft = torch.full((B, depth + 1), -1, dtype=torch.long, device=dev)
+    q_all = torch.zeros(B, depth, target_vocab, device=dev)
+    for d in range(1, depth + 1):
+        for b in range(B):
+            q, x = samples[b](logp[b])
+            q_all[b, d - 1, vocab_ids] = q
+            draft[b, d] = x
+        if d < depth:
+            logp = bp.expand(torch.zeros(B, 1, dtype=torch.long, device=dev),
+                             bp.to_target_ids(draft[:, d:d + 1]), d)[:, 0]
+    tokens = bp.to_target_ids(draft.clamp(min=0))
+    tokens[:, 0] = roots
+    buffers = chain(depth).buffers.to(dev)
+    return [DraftTree(tokens[b], buffers, draft[b]) for b in range(B)], list(q_all)

@@ -61,24 +61,24 @@ def best_size(gains: torch.Tensor, costs: torch.Tensor) -> int:
     return int(rate.argmax()) + 1  # argmax returns the first of equal maxima
 
 
-def forward_cost(spec: Any, sizes: Sequence[int], prefix_len: int = 128, repeats: int = 5) -> dict[int, float]:
-    """Median seconds of one verify forward of ``spec`` (a ``Speculator``) over n tree tokens on a
+def forward_cost(rt: Any, sizes: Sequence[int], prefix_len: int = 128, repeats: int = 5) -> dict[int, float]:
+    """Median seconds of one verify forward of ``rt`` (a ``decode.runtime.Runtime``) over n tree tokens on a
     ``prefix_len`` cache, for each n in ``sizes``: the same linear kernels and lm_head rows as its
     verify forward. One prefill; each forward's entries are cropped off after it; the sizes take
     turns, ``repeats`` rounds."""
     from transformers import DynamicCache
 
-    dev = spec.device
+    dev = rt.device
     sizes = sorted(set(sizes))
-    prefix_len = max(1, min(prefix_len, spec.max_positions - sizes[-1] - 1))
+    prefix_len = max(1, min(prefix_len, rt.max_positions - sizes[-1] - 1))
     gen = torch.Generator(device=dev).manual_seed(0)  # private: timing never moves a user's seeded global RNG
-    vocab = int(spec.target.config.vocab_size)
-    lazy = spec.uses_lazy_logits()
-    cache = DynamicCache(config=spec.target.config)
+    vocab = int(rt.target.config.vocab_size)
+    lazy = rt.uses_lazy_logits()
+    cache = DynamicCache(config=rt.target.config)
     with torch.inference_mode():
-        spec.target(input_ids=torch.randint(3, vocab, (1, prefix_len), device=dev, generator=gen),
-                    **{cache_kwarg(): cache}, use_cache=True, **({"logits_to_keep": 1} if spec._keeps_logits else {}))
-        masks = {n: additive_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, spec.dtype)
+        rt.target(input_ids=torch.randint(3, vocab, (1, prefix_len), device=dev, generator=gen),
+                    **{cache_kwarg(): cache}, use_cache=True, **({"logits_to_keep": 1} if rt.keeps_logits else {}))
+        masks = {n: additive_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, rt.dtype)
                  for n in sizes}
         times: dict[int, list[float]] = {n: [] for n in sizes}
         for _ in range(repeats):  # sizes interleaved: a machine whose speed drifts slows every size alike
@@ -91,8 +91,8 @@ def forward_cost(spec: Any, sizes: Sequence[int], prefix_len: int = 128, repeats
                 _sync(dev)
                 t = time.perf_counter()
                 # the linear kernels and the attention the decoder's verify forward runs with
-                with spec.kernels(), tree_attention(spec.target, spec.grouped_attention):
-                    spec.target(input_ids=tok, **{cache_kwarg(): cache}, use_cache=True, attention_mask=masks[n],
+                with rt.kernels(), tree_attention(rt.target, rt.grouped_attention):
+                    rt.target(input_ids=tok, **{cache_kwarg(): cache}, use_cache=True, attention_mask=masks[n],
                                 position_ids=pos, **keep)
                 _sync(dev)
                 times[n].append(time.perf_counter() - t)

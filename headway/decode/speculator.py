@@ -1,69 +1,36 @@
-"""The generation loop: a stock transformers target + trained heads -> the target's own output, faster.
+"""The public decoder: a stock transformers target + trained heads -> the target's own output, faster.
 
-Each step: the proposer drafts a tree rooted at the last emitted token; one target forward
-verifies every node (float 4-D tree mask, explicit position ids, the model's cache object);
-the longest agreeing path plus one bonus token is emitted; the cache keeps the accepted entries.
+``Speculator`` is a thin front over three parts: the ``Runtime`` (``decode/runtime.py``: placement,
+dtypes, compile, kernels, attention, the lm_head policy), the ``TreePolicy`` (``decode/policy.py``:
+tree shapes, calibration, adaptive sizes, speculate-or-not by batch size) and the one decode step
+(``decode/step.py``: draft -> verify -> accept -> commit), which ``generate`` runs on a batch of one
+and ``generate_batch`` on several prompts.
 """
 
 from __future__ import annotations
 
-import copy
-import inspect
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
-from transformers import Cache
 
 from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
-from ..compat import cache_kwarg, hidden_states_arg
+from ..tokenizer import encode_prompt
 from .args import DecodeError, check_decode_args
-from .attention import tree_attention
-from .cost import CURVE_SIZES, best_size, cost_by_size, forward_cost
-from .kv import keep_accepted, new_cache, static_length, tree_mask
-from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs, Projection, head_matches_logits
-from .proposers import EagleProposer, hidden_index, make_proposer
-from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
-                       verify_typical)
-from .shapes import (DraftTree, DynamicShape, Proposer, SizeFor, StaticShape, TreeShape, build_sampled_chain,
-                     build_tree, chain, is_chain, parse_shape)
-from .stats import GenerationOutput, GenerationStats, _record_depths, _sync  # noqa: F401  (re-exported)
-from .verify import Verdict, verify_greedy, verify_greedy_walk
+from .batch_proposers import BatchProposer, RowsProposer, make_batch_proposer
+from .policy import TreePolicy, batch_table, drafts_per_token, fit_tree
+from .proposers import hidden_index, make_proposer
+from .runtime import Runtime
+from .sampling import SamplingParams
+from .shapes import Proposer, TreeShape, chain
+from .stats import BatchOutput, GenerationOutput, GenerationStats, _sync
+from .step import Batch, RecordStats, Row, RowScored, StepHooks, choose, commit, draft, prefill, score, step, stopped
+from .verify import Verdict
 
-if TYPE_CHECKING:
-    from .batch import BatchOutput
-    from .batch_proposers import BatchProposer
-
-
-@dataclass
-class DecodeState:
-    """Everything one generation carries from step to step."""
-
-    cache: Cache  # the target's KV cache (dynamic or static, ``decode/kv.py``): ``length`` entries
-    proposer: Proposer  # per-generation draft state (MedusaProposer / EagleProposer)
-    emitted: list[int]  # tokens generated so far; the last one is the next tree's root
-    length: int
-    step_cost: float | None = None  # seconds of a step outside its verify forward (a running mean): adaptive trees
-
-
-@dataclass
-class Scored:
-    """A drafted tree after the target's verify forward."""
-
-    tree: DraftTree
-    node_logits: NodeLogits  # target logits at the nodes, projected when verification reads them
-    features: list[torch.Tensor]  # per feature layer (N, H) target hidden states at every node
-    verify_time: float
-    draft_probs: torch.Tensor | None = None  # (depth, V) when the chain's drafts were sampled
-
-    @property
-    def logits(self) -> torch.Tensor:
-        """(N, V) target logits at every node (all rows projected)."""
-        return self.node_logits.all()
+__all__ = ["Speculator", "GenerationOutput", "GenerationStats", "BatchOutput"]
 
 
 class Speculator:
@@ -75,7 +42,8 @@ class Speculator:
                  sampled_drafts: bool = True, sampling_tree: TreeShape | str | None = None,
                  calibrate: bool = True, heads_dtype: str | torch.dtype | None = "auto",
                  static_cache: bool = False, compile: bool = False, linear_kernel: str = "auto",
-                 verify_logits: str = "auto") -> None:
+                 verify_logits: str = "auto", by_batch: dict[int, bool] | None = None,
+                 batch_policy: str = "auto") -> None:
         """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
         LOSSY (faster, but the output no longer follows the target's distribution); off by default.
         ``sampled_drafts``: at temperature > 0 a chain's drafts are drawn from the drafter's
@@ -102,53 +70,33 @@ class Speculator:
         inside a generation see it. ``verify_logits``: ``auto`` verifies a tree of more than 8 nodes on
         CPU with the target's lm_head projected only at the nodes verification reads (``NodeLogits``;
         the same logits, ~tau rows instead of N), where the architecture's logits are its lm_head's
-        output (checked once) and nothing is compiled; ``all`` projects every node."""
-        from ..kernels import LinearKernels
-        from .runtime import compile_heads, compile_verify, heads_dtype_for
-
-        self.target = target
-        self.tokenizer = tokenizer
+        output (checked once) and nothing is compiled; ``all`` projects every node. ``by_batch``:
+        speculate (True) or decode plainly (False) per batch size, as ``headway tune`` measured;
+        without it the choice is measured while decoding (``decode/policy.py``); ``batch_policy="always"``
+        drafts at every step of every batch (A/B, and tests that compare batched steps with unbatched ones)."""
         heads.check_tokenizer(tokenizer)  # ids must mean the tokens the heads were trained on
-        self.heads = heads.to(device=self.device, dtype=heads_dtype_for(heads_dtype, self.dtype)).eval()
-        self.static_cache = bool(static_cache or compile)
-        self.compiled = bool(compile)
-        self._verify_forward = compile_verify(target) if compile else target
-        if compile:
-            compile_heads(self.heads)
-        # a compiled forward chooses its own kernels, and swapping module forwards would break its guards
-        self.kernels = LinearKernels("stock" if compile else linear_kernel, target, self.heads)
+        self.tokenizer = tokenizer
         self.max_depth = max_depth
-        self.typical = typical
-        self.sampled_drafts = sampled_drafts
         self.calibrate = calibrate
         self.batched_drafting = True  # generate_batch: one drafter call per level for all rows (False: row by row, A/B)
-        # an sdpa target attends tree tokens through ``decode/attention.py`` (False: transformers' sdpa, A/B);
-        # a compiled forward keeps its own
-        self.grouped_attention = not compile
+        if batch_policy not in ("auto", "always"):
+            raise DecodeError(f"batch_policy must be auto or always, got {batch_policy!r}")
+        self.runtime = Runtime(target, heads, heads_dtype, static_cache, compile, linear_kernel, verify_logits)
         proposer = self.new_proposer()  # a template: its limits decide the tree
-        self.tree = self._default_tree(tree, proposer)
-        if sampling_tree is None and tree is None and isinstance(proposer, EagleProposer):
+        self.runtime.layers = [hidden_index(i, self.runtime.num_layers) for i in proposer.feature_layers]
+        if sampling_tree is None and tree is None and drafts_per_token(proposer):
             sampling_tree = chain(4)
-        self.sampling_tree = self._default_tree(sampling_tree, proposer) if sampling_tree is not None else self.tree
-        L = int(target.config.num_hidden_layers)
-        self._layers = [hidden_index(i, L) for i in proposer.feature_layers]
-        self._shape_cache: dict[tuple[int, int], TreeShape] = {}
+        fitted = fit_tree(tree, proposer)
+        self.policy = TreePolicy(fitted, fit_tree(sampling_tree, proposer) if sampling_tree is not None else fitted,
+                                 self.runtime.max_positions, sampled_drafts, typical, by_batch,
+                                 batch_aware=batch_policy == "auto")
+        self.hooks: list[StepHooks] = []  # called after every step (``step.StepHooks``), after the stats
         self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
         self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
-        # a tree's verify forward stops before the lm_head, whose rows are projected as verification
-        # reads them (``decode/node_logits.py``): None decides on first use (CPU, not compiled, and the
-        # architecture's logits are its lm_head's output); False always projects every node
-        if verify_logits not in ("auto", "all"):
-            raise DecodeError(f"verify_logits must be auto or all, got {verify_logits!r}")
-        self.lazy_logits: bool | None = None if verify_logits == "auto" and not compile else False
-        self._keeps_logits = "logits_to_keep" in inspect.signature(target.forward).parameters
-        self.projection = Projection(target.get_output_embeddings())  # lm_head calls of on-demand rows
-        self._verify_costs: dict[int, torch.Tensor] = {}  # threads -> seconds of a verify of 1..N tokens
-        if compile and self._adaptive():
+        if compile and self.policy.adaptive():
             raise DecodeError("an adaptive tree changes the verify's token count every step, which a compiled "
                               "forward recompiles for; with --compile use a dynamic-K-D-N tree")
 
-    # -- construction ------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, target: str | nn.Module, heads: str | Path | HeadsBase, tokenizer: Any = None,
                         tree: TreeShape | str | None = None, dtype: str | torch.dtype | None = "float32",
@@ -183,230 +131,144 @@ class Speculator:
             heads = load_heads(heads, target=target)
         else:
             heads.attach(target)
+        stored = heads.metadata.get("decode") or {}
         if tree is None:  # the tuned trees: one for both, or T=0's and the one above
-            stored = heads.metadata.get("decode") or {}
             tree, sampling_tree = stored.get("tree"), sampling_tree or stored.get("sampling_tree")
         spec = cls(target, tokenizer, heads, tree, max_depth, typical, sampling_tree=sampling_tree,
                    calibrate=calibrate, heads_dtype=heads_dtype, static_cache=static_cache, compile=compile,
-                   linear_kernel=linear_kernel, verify_logits=verify_logits)
+                   linear_kernel=linear_kernel, verify_logits=verify_logits, by_batch=batch_table(stored.get("by_batch")))
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
-    @staticmethod
-    def _default_tree(tree: TreeShape | str | None, proposer: Proposer) -> TreeShape:
-        if isinstance(tree, str):
-            tree = parse_shape(tree)
-        if tree is None:
-            tree = DynamicShape(top_k=4, depth=5, total_tokens=16) if isinstance(proposer, EagleProposer) \
-                else chain(proposer.max_depth)
-        vocab = proposer.draft_vocab_size
-        if isinstance(tree, StaticShape):
-            tree = tree.within_vocab(vocab)
-        elif tree.top_k > vocab:
-            tree = tree.with_(top_k=vocab)
-        cap = proposer.max_depth
-        if cap is not None:
-            if isinstance(tree, StaticShape) and tree.depth > cap:
-                tree = tree.truncated(cap)
-            if isinstance(tree, DynamicShape) and tree.depth > cap:
-                tree = tree.with_(depth=cap)
-        return tree
+
+    # -- the parts, by name ----------------------------------------------------------------------
+    @property
+    def target(self) -> nn.Module:
+        return self.runtime.target
+
+    @property
+    def heads(self) -> HeadsBase:
+        return self.runtime.heads
+
+    @property
+    def kernels(self) -> Any:
+        return self.runtime.kernels
 
     @property
     def device(self) -> torch.device:
-        """Where the decoder works (heads, trees, verification): the target's lm_head device. Under a
-        multi-device ``device_map`` accelerate's hooks move the target's inputs and outputs."""
-        return self.target.get_output_embeddings().weight.device
+        return self.runtime.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return next(self.target.parameters()).dtype
+        return self.runtime.dtype
 
     @property
     def max_positions(self) -> int:
-        return int(getattr(self.target.config, "max_position_embeddings", 1 << 30))
+        return self.runtime.max_positions
 
-    # -- prompts and stops ---------------------------------------------------------------------
-    def encode(self, prompt: str | Sequence[int] | torch.Tensor | list[dict], chat: bool | None = None) -> torch.Tensor:
-        tok = self.tokenizer
-        if isinstance(prompt, torch.Tensor):
-            ids = prompt.reshape(-1).tolist()
-        elif isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], dict)):
-            has_template = bool(getattr(tok, "chat_template", None))
-            if isinstance(prompt, list) or (chat if chat is not None else False) and has_template:
-                if not has_template:
-                    raise DecodeError("messages need a chat template, and this tokenizer has none")
-                msgs = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-                ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
-                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-            else:
-                ids = tok(prompt)["input_ids"]
-        else:
-            ids = list(prompt)
-        if not ids:
-            raise DecodeError("the prompt is empty")
-        return torch.tensor([ids], dtype=torch.long, device=self.device)
+    @property
+    def typical(self) -> tuple[float, float] | None:
+        return self.policy.typical
 
-    def _eos_ids(self) -> set[int]:
-        eos = getattr(self.target.generation_config, "eos_token_id", None)
-        if eos is None:
-            eos = getattr(self.tokenizer, "eos_token_id", None)
-        return set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+    @property
+    def tree(self) -> TreeShape:
+        return self.policy.tree
+
+    @tree.setter
+    def tree(self, shape: TreeShape) -> None:
+        self.policy.tree = shape
+
+    @property
+    def sampling_tree(self) -> TreeShape:
+        return self.policy.sampling_tree
+
+    @sampling_tree.setter
+    def sampling_tree(self, shape: TreeShape) -> None:
+        self.policy.sampling_tree = shape
 
     def tree_for(self, temperature: float) -> TreeShape:
         """The shape drafted at this temperature (``tree`` at 0, ``sampling_tree`` above)."""
-        return self.tree if temperature <= 0 else self.sampling_tree
+        return self.policy.tree_for(temperature)
 
-    def _shape_for(self, room: int, params: SamplingParams | None = None) -> TreeShape:
-        """The tree for these sampling parameters, shrunk so that its deepest node stays inside
-        the context window."""
-        tree = self.tree_for(params.temperature if params is not None else 0.0)
-        depth = tree.depth
-        if room >= depth:
-            return tree
-        key = (room, id(tree))
-        if key not in self._shape_cache:
-            self._shape_cache[key] = tree.truncated(room) if isinstance(tree, StaticShape) else \
-                tree.with_(depth=max(room, 1))
-        return self._shape_cache[key]
+    def fit_tree(self, tree: TreeShape | str | None) -> TreeShape:
+        """``tree`` as these heads can draft it (clipped to their depth and draft vocabulary)."""
+        return fit_tree(tree, self.new_proposer())
 
-    def _adaptive(self) -> bool:
-        return any(isinstance(t, DynamicShape) and t.adaptive for t in (self.tree, self.sampling_tree))
-
-    def verify_costs(self) -> torch.Tensor:
-        """(N,) seconds of a verify forward over 1..N tokens, N the largest adaptive tree's budget:
-        timed once per thread count on first use (a few forwards per size, ``decode/cost.py``) with
-        the decoder's own kernels, then interpolated. Adaptive trees weigh their nodes against it."""
-        threads = torch.get_num_threads()
-        most = max(t.size for t in (self.tree, self.sampling_tree) if isinstance(t, DynamicShape))
-        if threads not in self._verify_costs or self._verify_costs[threads].numel() < most:
-            sizes = [n for n in CURVE_SIZES if n < most] + [most]
-            self._verify_costs[threads] = cost_by_size(forward_cost(self, sizes, repeats=3), most)
-        return self._verify_costs[threads]
-
-    def _size_for(self, state: DecodeState, t_draft: float) -> SizeFor:
-        """An adaptive tree's budget at this step: the size with the most expected tokens per second,
-        a step costing its verify (``verify_costs``) plus the rest of a step (drafting, bookkeeping:
-        the running mean of the steps before; at the first step, this one's drafting so far)."""
-        costs = self.verify_costs()
-
-        def size_for(gains: torch.Tensor) -> int:
-            rest = state.step_cost if state.step_cost is not None else time.perf_counter() - t_draft
-            return best_size(gains, costs + rest)
-        return size_for
-
-    # -- the loop -----------------------------------------------------------------------------
     def new_proposer(self) -> Proposer:
         """Per-generation draft state (the heads are shared)."""
         return make_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
 
-    def new_batch_proposer(self, rows: int) -> "BatchProposer":
+    def new_batch_proposer(self, rows: int) -> BatchProposer:
         """Draft state of a batch of ``rows`` (``decode/batch_proposers.py``): one drafter call per
         draft level for all rows; row by row (a ``Proposer`` each) when ``batched_drafting`` is off or
         ``new_proposer`` was replaced (test oracles), so a custom proposer is never bypassed, and for a
         single row, where the unbatched proposer's mask-free chain steps are faster."""
-        from .batch_proposers import RowsProposer, make_batch_proposer
-
         custom = "new_proposer" in vars(self) or type(self).new_proposer is not Speculator.new_proposer
         if self.batched_drafting and not custom and rows > 1:
             return make_batch_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
         return RowsProposer([self.new_proposer() for _ in range(rows)])
 
-    def _forward(self, ids: torch.Tensor, cache: Cache, verify: bool = False, layers: list[int] | None = None,
-                 **kw: Any) -> Any:
-        fn = self._verify_forward if verify else self.target  # compiled with ``compile``: the tree forward only
-        with tree_attention(self.target, self.grouped_attention):  # tree masks: grouped-query attention
-            return fn(input_ids=ids, **{cache_kwarg(): cache}, use_cache=True,
-                      output_hidden_states=hidden_states_arg(layers or self._layers), **kw)
+    def encode(self, prompt: Any, chat: bool | None = None) -> torch.Tensor:
+        """(1, n) token ids of a prompt (``tokenizer.encode_prompt``)."""
+        try:
+            ids = encode_prompt(self.tokenizer, prompt, chat)
+        except ValueError as e:
+            raise DecodeError(str(e)) from None
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
 
-    def uses_lazy_logits(self) -> bool:
-        """Whether trees are verified with on-demand lm_head rows (decided once, on first use)."""
-        if self.lazy_logits is None:
-            probe = torch.tensor([[1, 2, 3, 4]], device=self.device)
-            self.lazy_logits = self.device.type == "cpu" and head_matches_logits(
-                self.target, int(self.target.config.num_hidden_layers), probe)
-        return self.lazy_logits
+    def _pad(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return pad if pad is not None else 0
 
-    def new_cache(self, prompt_len: int, max_new_tokens: int | None) -> Cache:
-        """The target cache of one generation: a StaticCache of prompt + max_new_tokens + tree
-        positions with ``static_cache`` (``max_new_tokens`` then needed), else a DynamicCache."""
-        if not self.static_cache:
-            return new_cache(self.target.config)
-        if max_new_tokens is None:
-            raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
-        tree = max(self.tree.size, self.sampling_tree.size)
-        return new_cache(self.target.config, prompt_len + max_new_tokens + tree)
+    def _prepare(self) -> None:
+        """One-off measurements, outside any generation's time: the kernels (auto), the lm_head
+        check, an adaptive tree's cost curve."""
+        self.runtime.kernels.plan()
+        self.runtime.uses_lazy_logits()
+        if self.policy.adaptive():
+            self.policy.verify_costs(self.runtime)
 
-    def _features(self, out: Any, index: torch.Tensor | slice) -> list[torch.Tensor]:
-        return [out.hidden_states[i][0, index] for i in self._layers]
-
+    # -- one prompt, step by step (tests and tune drive these) --------------------------------
     def start(self, input_ids: torch.Tensor, params: SamplingParams, gen: torch.Generator,
-              max_new_tokens: int | None = None) -> DecodeState:
-        """Prefill the target and the proposer; the first token comes from the target alone."""
-        cache = self.new_cache(input_ids.shape[1], max_new_tokens)
-        # only the last position's logits are read: skip the lm_head over the prompt, as HF generate does
-        out = self._forward(input_ids, cache, **({"logits_to_keep": 1} if self._keeps_logits else {}))
-        first = self._choose(out.logits[0, -1], params, gen)
-        proposer = self.new_proposer()
-        proposer.prefill(input_ids, [f[None] for f in self._features(out, slice(None))], first)
-        return DecodeState(cache, proposer, [int(first)], input_ids.shape[1])
+              max_new_tokens: int | None = None) -> Batch:
+        """Prefill the target and the proposer for one prompt; the first token comes from the target."""
+        ids = input_ids.reshape(-1).tolist()
+        row = Row(0, [], len(ids), params, gen, max_new_tokens or (1 << 30))
+        length = None
+        if self.runtime.static_cache:
+            if max_new_tokens is None:
+                raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
+            length = len(ids) + max_new_tokens + max(self.tree.size, self.sampling_tree.size)
+        return prefill(self.runtime, [ids], [row], self.new_batch_proposer(1), self._pad(), length, self._choose)
 
-    def draft_and_score(self, state: DecodeState, params: SamplingParams | None = None,
-                        gen: torch.Generator | None = None) -> Scored:
-        """Draft a tree rooted at the last emitted token and run the one target forward over it.
-        With sampling ``params`` (and ``sampled_drafts``), a chain's drafts are sampled with ``gen``."""
-        t_draft = time.perf_counter()
-        P = state.length
-        root = torch.tensor(state.emitted[-1], device=self.device)
-        shape = self._shape_for(self.max_positions - 1 - P, params)
-        draft_probs = None
-        if params is not None and not params.greedy and self.sampled_drafts and self.typical is None \
-                and is_chain(shape):
-            def sample(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                q = processed_probs(logp, params)
-                return q, sample_from(q, torch.rand((), generator=gen).to(q.device))
+    def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+        return choose(logits, params, gen)
 
-            V = int(self.target.get_output_embeddings().weight.shape[0])
-            tree, draft_probs = build_sampled_chain(shape.depth, state.proposer, root, sample, V)
-        else:
-            adaptive = isinstance(shape, DynamicShape) and shape.adaptive
-            tree = build_tree(shape, state.proposer, root, self._size_for(state, t_draft) if adaptive else None)
-        state.proposer.end_tree()
-        # up to PREFETCH_ROWS nodes cost one projection either way (and a walk off the first-child chain
-        # would cost a second); a chain's rows go together; typical acceptance reads every node
-        lazy = tree.buffers.size > PREFETCH_ROWS and not is_chain(shape) and self.typical is None \
-            and self.uses_lazy_logits()
-        last = int(self.target.config.num_hidden_layers)  # its hidden states are the lm_head's input
-        extra: dict[str, Any] = {}
-        if lazy:
-            extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=self.device),
-                         layers=sorted(set(self._layers) | {last}))
-        _sync(self.device)
-        t = time.perf_counter()
-        b = tree.buffers
-        out = self._forward(tree.tokens[None], state.cache, verify=True, position_ids=(b.depth + P)[None],
-                            attention_mask=tree_mask(b.visible, P, self.dtype, static_length(state.cache)), **extra)
-        _sync(self.device)
-        node_logits = NodeLogits(b, hidden=out.hidden_states[last][0], head=self.projection) if lazy else \
-            NodeLogits(b, full=out.logits[0])
-        return Scored(tree, node_logits, self._features(out, slice(None)), time.perf_counter() - t, draft_probs)
+    def draft_and_score(self, state: Batch, params: SamplingParams | None = None,
+                        gen: torch.Generator | None = None) -> RowScored:
+        """Draft one prompt's tree and run the target's forward over it; ``params`` (default greedy)
+        choose the tree and, with ``sampled_drafts``, sample a chain's drafts with ``gen``."""
+        row = state.rows[0]
+        row.params = params if params is not None else SamplingParams()
+        row.gen = gen if gen is not None else row.gen
+        drafts = draft(self.runtime, self.policy, state)
+        return score(self.runtime, self.policy, state, drafts, self._pad()).row(0)
 
-    def commit(self, state: DecodeState, scored: Scored, verdict: Verdict) -> list[int]:
-        """Keep the accepted KV entries, tell the proposer, append the emitted tokens (accepted path +
-        bonus) to ``state.emitted`` and return them."""
-        tree = scored.tree
-        keep_accepted(state.cache, state.length, tree.buffers.size, verdict.nodes)
-        path_tokens = torch.cat([tree.tokens[verdict.nodes], verdict.bonus.view(1)])
-        state.proposer.accept(path_tokens, [f[verdict.nodes] for f in scored.features], state.length)
-        state.length += verdict.nodes.numel()
-        new = path_tokens[1:].tolist()
-        state.emitted += new
-        return new
+    def commit(self, state: Batch, scored: RowScored, verdict: Verdict) -> list[int]:
+        """Keep the accepted entries, tell the proposer, append and return the emitted tokens."""
+        return commit(state, scored.batch, [verdict], set())[0][0]
 
-    def fork(self, state: DecodeState) -> DecodeState:
-        """An independent copy of a decode state (for tree search over outcomes in tests)."""
-        return DecodeState(copy.deepcopy(state.cache), state.proposer.fork(), list(state.emitted), state.length)
+    def fork(self, state: Batch) -> Batch:
+        """An independent copy of a one-prompt decode state (for tree search over outcomes in tests)."""
+        import copy
 
+        proposer = state.proposer
+        forked = RowsProposer([p.fork() for p in proposer.rows]) if isinstance(proposer, RowsProposer) else None
+        if forked is None or not hasattr(state.kv, "fork"):
+            raise DecodeError("only a one-prompt decode state can be forked")
+        return Batch(state.kv.fork(), forked, [copy.deepcopy(r) for r in state.rows], state.step_cost)
+
+    # -- generation ---------------------------------------------------------------------------
     def stream(self, prompt: Any, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                top_k: int = 0, stop: Sequence[str] = (), seed: int | None = None, chat: bool | None = None,
                stats: GenerationStats | None = None) -> Iterator[list[int]]:
@@ -416,96 +278,38 @@ class Speculator:
         input_ids = self.encode(prompt, chat)
         check_decode_args(max_new_tokens, temperature, top_p, top_k, self.typical, input_ids.shape[1],
                           self.max_positions)
-        return self._steps(input_ids, int(max_new_tokens), SamplingParams(float(temperature), int(top_k),
-                                                                          float(top_p)), stop, seed, stats)
+        params = SamplingParams(float(temperature), int(top_k), float(top_p))
+        return self._steps(input_ids, int(max_new_tokens), params, stop, seed, stats)
 
     @torch.inference_mode()
     def _steps(self, input_ids: torch.Tensor, max_new_tokens: int, params: SamplingParams, stop: Sequence[str],
                seed: int | None, stats: GenerationStats | None) -> Iterator[list[int]]:
-        stats = stats if stats is not None else GenerationStats()
         gen = torch.Generator(device="cpu")
         if seed is not None:
             gen.manual_seed(seed)
-        n = input_ids.shape[1]
-        stats.prompt_tokens = n
-        eos = self._eos_ids()
-        self.kernels.plan()  # probed on first use (auto): not part of the generation's time
-        self.uses_lazy_logits()  # likewise its one-off check
-        if self._adaptive():
-            self.verify_costs()  # and an adaptive tree's cost curve
+        eos = self.runtime.eos_ids(self.tokenizer)
+        self._prepare()
         t_start = time.perf_counter()
         with self.kernels():
-            state = self.start(input_ids, params, gen, max_new_tokens)
+            batch = self.start(input_ids, params, gen, max_new_tokens)
+        row = batch.rows[0]
+        if stats is not None:
+            row.stats = stats
+        row.stats.prompt_tokens = input_ids.shape[1]
+        row.stats.new_tokens = 1
         _sync(self.device)
-        stats.time_prefill = time.perf_counter() - t_start
-        emitted = state.emitted
-        stats.new_tokens = 1
-        yield emitted[:]
-        done = self._stopped(emitted, eos, max_new_tokens, stats)
+        row.stats.time_prefill = time.perf_counter() - t_start
+        yield row.emitted[:]
+        hooks: list[StepHooks] = [RecordStats(), *self.hooks]
+        done = stopped(row, eos)
         while not done:
-            t0 = time.perf_counter()
             with self.kernels():  # the drafter's and the target's forwards (commit may run the drafter)
-                scored = self.draft_and_score(state, params, gen)
-                t2 = time.perf_counter()
-                verdict = self._verify(scored.tree.tokens, scored.tree.buffers, scored.node_logits, params, gen,
-                                       scored.draft_probs)
-                before = len(emitted)
-                self.commit(state, scored, verdict)
-            del emitted[max_new_tokens:]
-            stats.target_forwards += 1
-            nodes = scored.tree.buffers.size
-            stats.tree_nodes += nodes
-            stats.projected_rows += len(scored.node_logits.rows) if scored.node_logits.lazy else nodes
-            _record_depths(stats, verdict)
-            stats.new_tokens = len(emitted)
-            done = self._stopped(emitted, eos, max_new_tokens, stats, len(emitted) - before)
+                _, new, finished = step(self.runtime, self.policy, batch, eos, self._pad(), hooks)
+            done = bool(finished)
             if stop and not done:
-                done = self._stop_strings(emitted, stop, stats)[1]
-            _sync(self.device)
-            projected = scored.node_logits.seconds  # lm_head rows read by verification: the target's time
-            stats.time_verify += scored.verify_time + projected
-            stats.time_draft += t2 - t0 - scored.verify_time
-            stats.time_bookkeeping += time.perf_counter() - t2 - projected
-            rest = time.perf_counter() - t0 - scored.verify_time - projected
-            state.step_cost = rest if state.step_cost is None else 0.8 * state.step_cost + 0.2 * rest
-            yield emitted[before:]
-        stats.time_total = time.perf_counter() - t_start
-
-    def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
-        if params.greedy:
-            return logits.argmax(-1)
-        return sample_from(processed_probs(logits, params), torch.rand((), generator=gen).to(logits.device))
-
-    def _verify(self, tokens: torch.Tensor, b: Any, logits: NodeLogits | torch.Tensor, params: SamplingParams,
-                gen: torch.Generator, draft_probs: torch.Tensor | None = None) -> Verdict:
-        """The accepted path and bonus token. ``logits``: every node's (N, V), or a ``NodeLogits``
-        whose rows are projected as they are read (only the accepted path's, when lazy)."""
-        if isinstance(logits, torch.Tensor):
-            logits = NodeLogits(b, full=logits)
-        if params.greedy:
-            return verify_greedy_walk(tokens, b, logits) if logits.lazy else verify_greedy(tokens, b, logits.all())
-        u = torch.rand(b.size + 1, generator=gen).to(tokens.device)
-        if draft_probs is not None:
-            return verify_sampled_chain(tokens, processed_probs(logits.all(), params), draft_probs, u[:-1], u[-1])
-        if self.typical is not None:
-            return verify_typical(tokens, b, processed_probs(logits.all(), params), *self.typical, u[-1])
-        probs: Any = NodeProbs(logits, lambda x: processed_probs(x, params)) if logits.lazy else \
-            processed_probs(logits.all(), params)
-        return verify_sample(tokens, b, probs, u[:-1], u[-1])
-
-    @staticmethod
-    def _stopped(emitted: list[int], eos: set[int], max_new: int, stats: GenerationStats, n_new: int = 1) -> bool:
-        """Cut after the first EOS among the newly emitted tokens; stop at the length limit."""
-        for i in range(len(emitted) - n_new, len(emitted)):
-            if emitted[i] in eos:
-                del emitted[i + 1:]
-                stats.new_tokens = len(emitted)
-                stats.stopped_by = "eos"
-                return True
-        if len(emitted) >= max_new:
-            stats.stopped_by = "length"
-            return True
-        return False
+                done = self._stop_strings(row.emitted, stop, row.stats)[1]
+            yield new[0]
+        row.stats.time_total = time.perf_counter() - t_start
 
     def _stop_strings(self, emitted: list[int], stop: Sequence[str], stats: GenerationStats) -> tuple[str, bool]:
         text = self.tokenizer.decode(emitted)
@@ -533,14 +337,79 @@ class Speculator:
             text = text[: min(cut)] if cut else text
         return GenerationOutput(ids, text, stats)
 
-    def generate_batch(self, prompts: Sequence[Any], max_new_tokens: int = 128, temperature: float = 0.0,
-                       chat: bool | None = None) -> "BatchOutput":
-        """Greedy decoding of several prompts at once (``decode/batch.py``): one target forward per
-        step for the whole batch, per-row trees, acceptance and stopping; row i equals
-        ``generate(prompts[i])`` token for token. Temperature > 0 is refused for now."""
-        from .batch import generate_batch
+    def generate_batch(self, prompts: Sequence[Any], max_new_tokens: int | Sequence[int] = 128,
+                       temperature: float | Sequence[float] = 0.0, top_p: float | Sequence[float] = 1.0,
+                       top_k: int | Sequence[int] = 0, seed: int | Sequence[int] | None = None,
+                       chat: bool | None = None) -> BatchOutput:
+        """Several prompts at once: one target forward per step for the whole batch, per-row trees,
+        acceptance and stopping. ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` and ``seed``
+        are one value for every row or one per row (row i's generator: ``seed[i]``, or ``seed + i``). A greedy row i
+        equals ``generate(prompts[i])`` token for token; a sampled row follows the target's
+        distribution, as ``generate`` does."""
+        if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence) or not prompts:
+            raise DecodeError("generate_batch takes a non-empty list of prompts (strings, token id lists or messages)")
+        B = len(prompts)
 
-        return generate_batch(self, prompts, max_new_tokens, temperature, chat)
+        def per_row(name: str, value: Any) -> list[Any]:
+            if isinstance(value, (list, tuple)):
+                if len(value) != B:
+                    raise DecodeError(f"{name} has {len(value)} values for {B} prompts; give one, or one per prompt")
+                return list(value)
+            return [value] * B
+
+        temps, tops_p, tops_k = per_row("temperature", temperature), per_row("top_p", top_p), per_row("top_k", top_k)
+        max_new = per_row("max_new_tokens", max_new_tokens)
+        seeds = per_row("seed", seed) if isinstance(seed, (list, tuple)) else \
+            [None if seed is None else int(seed) + i for i in range(B)]
+        ids = [self.encode(p, chat)[0].tolist() for p in prompts]
+        rows = []
+        for i, row_ids in enumerate(ids):
+            check_decode_args(max_new[i], temps[i], tops_p[i], tops_k[i], self.typical, len(row_ids),
+                              self.max_positions)
+            gen = torch.Generator(device="cpu")
+            if seeds[i] is not None:
+                gen.manual_seed(int(seeds[i]))
+            rows.append(Row(i, [], len(row_ids), SamplingParams(float(temps[i]), int(tops_k[i]), float(tops_p[i])),
+                            gen, int(max_new[i]), GenerationStats(prompt_tokens=len(row_ids))))
+        self._prepare()
+        with self.kernels():
+            return self._batch(ids, rows)
+
+    @torch.inference_mode()
+    def _batch(self, ids: list[list[int]], rows: list[Row]) -> BatchOutput:
+        eos = self.runtime.eos_ids(self.tokenizer)
+        t_start = time.perf_counter()
+        length = None
+        if self.runtime.static_cache and len(ids) == 1:
+            length = len(ids[0]) + rows[0].max_new + max(self.tree.size, self.sampling_tree.size)
+        batch = prefill(self.runtime, ids, rows, self.new_batch_proposer(len(ids)), self._pad(), length)
+        _sync(self.device)
+        t_prefill = time.perf_counter() - t_start
+        done: dict[int, Row] = {}
+        forwards = 0
+
+        def finish(finished: list[Row]) -> None:
+            now = time.perf_counter() - t_start
+            for r in finished:
+                r.stats.time_prefill, r.stats.time_total = t_prefill, now
+                done[r.index] = r
+
+        first_done = [i for i, r in enumerate(batch.rows) if stopped(r, eos)]
+        if first_done:
+            finish([batch.rows[i] for i in first_done])
+            keep = [i for i in range(len(batch.rows)) if i not in first_done]
+            if keep:
+                batch.kv.select(keep)
+                batch.proposer.select(keep)
+            batch.rows = [batch.rows[i] for i in keep]
+        hooks: list[StepHooks] = [RecordStats(), *self.hooks]
+        while batch.rows:
+            _, _, finished = step(self.runtime, self.policy, batch, eos, self._pad(), hooks)
+            forwards += 1
+            finish(finished)
+        out = [GenerationOutput(done[i].emitted, self.tokenizer.decode(done[i].emitted), done[i].stats)
+               for i in range(len(ids))]
+        return BatchOutput(out, forwards, time.perf_counter() - t_start)
 
     def text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
         ids: list[int] = []

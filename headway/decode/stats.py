@@ -53,6 +53,23 @@ class GenerationOutput:
     stats: GenerationStats
 
 
+@dataclass
+class BatchOutput:
+    """One ``GenerationOutput`` per prompt (in order; each with its own stats), plus the batch's totals."""
+
+    rows: list[GenerationOutput]
+    target_forwards: int = 0  # batched verification forwards (prefill not counted)
+    time_total: float = 0.0
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(r.ids) for r in self.rows)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total else 0.0
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -1,0 +1,122 @@
+"""The target cache of a decoding batch and what each step keeps of it (``decode/step.py``).
+
+Two layouts, one interface (``prefill``, ``tree_inputs``, ``keep``, ``select``):
+
+* ``OneRow``: one prompt. The cache is a plain ``DynamicCache`` or a preallocated ``StaticCache``;
+  the tree's mask is ``kv.tree_mask`` and the accepted nodes move into place with
+  ``kv.keep_accepted``. No padding, so prefill runs without a mask, exactly as HF ``generate``.
+* ``PaddedRows``: B prompts in one ``DynamicCache`` of B rows and one physical length S; which
+  slots belong to a row is a bool ``valid`` (B, S), and every slot carries the KV the row's own
+  unbatched decode would hold at that logical position (RoPE is applied with the row's own
+  position ids when the slot is written, so a slot's physical place does not matter):
+  - prefill: prompts left-padded; pad slots invalid; position ids count a row's valid tokens;
+  - each step: row b's tree (N_b nodes) padded to N = max N_b; pad nodes see only themselves and
+    are never read. One forward with a float (B, 1, N, S + N) mask: node i of row b sees the row's
+    valid slots and its own ancestors;
+  - keep: row b's accepted nodes (m_b, root first) move to the first m_b tree slots; the cache
+    keeps max m_b tree slots; slots past m_b in row b become gaps (invalid);
+  - select: rows that stopped leave (their cache row is dropped, and slot columns no remaining
+    row uses are dropped with them).
+  Masked slots get weight exactly 0 (additive ``finfo.min``), so each row's logits equal its
+  unbatched ones up to float rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from transformers import Cache, DynamicCache
+
+from .kv import drop_last, keep_accepted, static_length, tree_mask
+from .padding import additive, after_prefix, left_pad, pad_trees, prefill_mask, used_columns
+from .shapes import DraftTree
+from .verify import Verdict
+
+
+class OneRow:
+    """One prompt's cache (dynamic or static)."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    def prefill(self, runtime: Any, ids: Sequence[list[int]], pad: int
+                ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (the forward's output, tokens, valid, position ids (1, n))."""
+        tokens = torch.tensor([list(ids[0])], dtype=torch.long, device=runtime.device)
+        out = runtime.forward(tokens, self.cache, **runtime.last_logits_only())
+        n = tokens.shape[1]
+        return out, tokens, torch.ones_like(tokens, dtype=torch.bool), torch.arange(n, device=tokens.device)[None]
+
+    def tree_inputs(self, trees: Sequence[DraftTree], lengths: Sequence[int], pad: int, dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """-> (tokens (1, N), position ids (1, N), additive mask (1, 1, N, kv))."""
+        b, P = trees[0].buffers, lengths[0]
+        return (trees[0].tokens[None], (b.depth + P)[None],
+                tree_mask(b.visible, P, dtype, static_length(self.cache)))
+
+    def keep(self, verdicts: Sequence[Verdict], lengths: Sequence[int], width: int) -> None:
+        keep_accepted(self.cache, lengths[0], width, verdicts[0].nodes)
+
+    def select(self, keep: Sequence[int]) -> None:
+        pass  # the only row stops: the generation ends with it
+
+    def fork(self) -> "OneRow":
+        import copy
+
+        return OneRow(copy.deepcopy(self.cache))
+
+
+class PaddedRows:
+    """B prompts' cache with a ``valid`` (B, S) mask of real slots (module docstring)."""
+
+    def __init__(self, config: Any) -> None:
+        self.cache = DynamicCache(config=config)
+        self.valid: torch.Tensor | None = None
+
+    def prefill(self, runtime: Any, ids: Sequence[list[int]], pad: int
+                ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens, valid, pos = left_pad(ids, pad, runtime.device)  # (B, n) each
+        self.valid = valid
+        # left-padded: the last column is every row's last token
+        out = runtime.forward(tokens, self.cache, position_ids=pos,
+                              attention_mask=additive(prefill_mask(valid), runtime.dtype), **runtime.last_logits_only())
+        return out, tokens, valid, pos
+
+    def tree_inputs(self, trees: Sequence[DraftTree], lengths: Sequence[int], pad: int, dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens, pos, vis = pad_trees(trees, lengths, pad)  # (B, N), (B, N), (B, N, N)
+        return tokens, pos, additive(after_prefix(self.valid, vis), dtype)
+
+    def keep(self, verdicts: Sequence[Verdict], lengths: Sequence[int], width: int) -> None:
+        """The cache holds S slots + ``width`` tree slots per row: move row b's accepted nodes to its
+        first m_b tree slots, keep max m_b tree slots, and mark row b's slots past m_b as gaps."""
+        S = self.valid.shape[1]
+        dev = self.valid.device
+        m = torch.tensor([v.nodes.numel() for v in verdicts], device=dev)  # (B,)
+        M = int(m.max())
+        idx = torch.zeros(len(verdicts), M, dtype=torch.long, device=dev)  # (B, M) tree slot to keep
+        for b, v in enumerate(verdicts):
+            idx[b, :v.nodes.numel()] = v.nodes
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name)  # (B, H, S + N, D)
+                src = idx[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]) + S
+                t[:, :, S:S + M] = t.gather(2, src)  # gather copies first: overlapping slots are safe
+        if width > M:
+            drop_last(self.cache, width - M)
+        self.valid = torch.cat([self.valid, torch.arange(M, device=dev)[None] < m[:, None]], dim=1)
+
+    def select(self, keep: Sequence[int]) -> None:
+        """Keep only rows ``keep``, then drop slot columns no remaining row uses."""
+        if len(keep) == self.valid.shape[0]:
+            return
+        sel = torch.tensor(list(keep), dtype=torch.long, device=self.valid.device)
+        self.cache.batch_select_indices(sel)
+        self.valid = self.valid[sel]
+        cols = used_columns(self.valid)
+        if cols is not None:
+            for layer in self.cache.layers:
+                layer.keys = layer.keys.index_select(2, cols)
+                layer.values = layer.values.index_select(2, cols)
+            self.valid = self.valid[:, cols]

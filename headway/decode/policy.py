@@ -1,0 +1,175 @@
+"""Which tree a step drafts: the shape for the sampling mode, shrunk near the context's end, sized
+per step for adaptive trees, and, by batch size, whether to speculate at all.
+
+A tree costs a bigger verify forward; on a 2-core CPU at batch 8 that cost can exceed what the
+accepted drafts save, and speculation then loses to plain decoding. ``TreePolicy.speculate`` decides
+per step from the live batch size: a tuned table (``headway tune --batch-sizes``: the measured
+fastest choice per batch size, stored with the heads) when there is one, else measurement during
+decoding: both modes' tokens per second at this batch size (the first steps try each; then the
+faster is used and the other re-tried now and then, since what is fastest drifts with context
+length). A plain step verifies a tree of one node (the root) and drafts nothing, so the output is
+the target's either way."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .cost import CURVE_SIZES, best_size, cost_by_size, forward_cost
+from .sampling import SamplingParams
+from .shapes import DynamicShape, Proposer, SizeFor, StaticShape, TreeShape, chain, is_chain, parse_shape
+
+
+def fit_tree(tree: TreeShape | str | None, proposer: Proposer) -> TreeShape:
+    """A tree the proposer can draft: parsed, defaulted (a dynamic tree for EAGLE-style drafters, a
+    chain over Medusa's heads), clipped to the draft vocabulary and to the proposer's depth."""
+    if isinstance(tree, str):
+        tree = parse_shape(tree)
+    if tree is None:
+        tree = DynamicShape(top_k=4, depth=5, total_tokens=16) if drafts_per_token(proposer) \
+            else chain(proposer.max_depth)
+    vocab = proposer.draft_vocab_size
+    if isinstance(tree, StaticShape):
+        tree = tree.within_vocab(vocab)
+    elif tree.top_k > vocab:
+        tree = tree.with_(top_k=vocab)
+    cap = proposer.max_depth
+    if cap is not None:
+        if isinstance(tree, StaticShape) and tree.depth > cap:
+            tree = tree.truncated(cap)
+        if isinstance(tree, DynamicShape) and tree.depth > cap:
+            tree = tree.with_(depth=cap)
+    return tree
+
+
+def drafts_per_token(proposer: Proposer) -> bool:
+    """EAGLE drafters run once per tree level and condition on the parent: a dynamic tree pays off.
+    Medusa and DFlash draft every depth in one call, independent of the parent: a chain."""
+    from .proposers import EagleProposer
+
+    return isinstance(proposer, EagleProposer)
+
+
+@dataclass
+class ModeRate:
+    """Running totals of one mode (speculate or plain) at one batch size."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        decay = 0.9 if self.steps >= 16 else 1.0  # recent steps count more: the context grows
+        self.tokens, self.seconds = self.tokens * decay + tokens, self.seconds * decay + seconds
+        self.steps += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+TRY_STEPS = 3  # steps each mode is tried at a new batch size before the faster is kept
+RETRY_EVERY = 24  # then the slower is tried again once per this many steps
+
+
+@dataclass
+class TreePolicy:
+    """Tree shapes and the per-step choices. ``tree`` is drafted at T=0, ``sampling_tree`` above;
+    ``by_batch`` maps a batch size to ``True`` (speculate) or ``False`` (plain decoding), tuned;
+    sizes between tuned ones take the nearest smaller one. ``sampled_drafts``: at T > 0 a chain's
+    drafts are sampled from the drafter and verified by speculative sampling; ``typical``: Medusa's
+    lossy typical acceptance (threshold, alpha)."""
+
+    tree: TreeShape
+    sampling_tree: TreeShape
+    max_positions: int
+    sampled_drafts: bool = True
+    typical: tuple[float, float] | None = None
+    by_batch: dict[int, bool] | None = None
+    batch_aware: bool = True  # False: always speculate (A/B)
+    rates: dict[tuple[int, bool], ModeRate] = field(default_factory=dict)
+    verify_costs_by_threads: dict[int, torch.Tensor] = field(default_factory=dict)
+    _shapes: dict[tuple[int, int], TreeShape] = field(default_factory=dict)
+    _steps: dict[int, int] = field(default_factory=dict)
+
+    def tree_for(self, temperature: float) -> TreeShape:
+        """The shape drafted at this temperature (``tree`` at 0, ``sampling_tree`` above)."""
+        return self.tree if temperature <= 0 else self.sampling_tree
+
+    def shape_for(self, room: int, sampling: bool = False) -> TreeShape:
+        """The tree for the mode, shrunk so that its deepest node stays inside the context window
+        (``room``: positions left after the root)."""
+        tree = self.sampling_tree if sampling else self.tree
+        if room >= tree.depth:
+            return tree
+        key = (room, id(tree))
+        if key not in self._shapes:
+            self._shapes[key] = tree.truncated(room) if isinstance(tree, StaticShape) else \
+                tree.with_(depth=max(room, 1))
+        return self._shapes[key]
+
+    def samples_chain(self, params: SamplingParams, shape: TreeShape) -> bool:
+        """Whether this step's chain drafts are sampled (verified by speculative sampling)."""
+        return not params.greedy and self.sampled_drafts and self.typical is None and is_chain(shape)
+
+    # -- speculate or not, by batch size ------------------------------------------------------
+    def speculate(self, batch_size: int) -> bool:
+        """Whether this step drafts. One prompt always does (``headway tune`` chose its tree against
+        the chains and, with ``--batch-sizes``, against plain decoding); a batch follows the tuned
+        table, else what was measured (module docstring)."""
+        if not self.batch_aware or (batch_size == 1 and not self.by_batch):
+            return True
+        if self.by_batch:
+            known = [b for b in sorted(self.by_batch) if b <= batch_size] or [min(self.by_batch)]
+            return self.by_batch[known[-1]]
+        on, off = self.rates.get((batch_size, True)), self.rates.get((batch_size, False))
+        if on is None or on.steps < TRY_STEPS:
+            return True
+        if off is None or off.steps < TRY_STEPS:
+            return False
+        step = self._steps.get(batch_size, 0)
+        self._steps[batch_size] = step + 1
+        faster = on.rate >= off.rate
+        return (not faster) if step % RETRY_EVERY == RETRY_EVERY - 1 else faster
+
+    def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float) -> None:
+        """One step's outcome: ``tokens`` emitted over all rows in ``seconds`` of wall time."""
+        self.rates.setdefault((batch_size, speculated), ModeRate()).add(tokens, seconds)
+
+    # -- adaptive trees: nodes weighed against the verify-cost curve --------------------------
+    def adaptive(self) -> bool:
+        return any(isinstance(t, DynamicShape) and t.adaptive for t in (self.tree, self.sampling_tree))
+
+    def verify_costs(self, runtime: Any) -> torch.Tensor:
+        """(N,) seconds of a verify forward over 1..N tokens, N the largest adaptive tree's budget:
+        timed once per thread count on first use (a few forwards per size, ``decode/cost.py``) with
+        the decoder's own kernels, then interpolated."""
+        threads = torch.get_num_threads()
+        most = max(t.size for t in (self.tree, self.sampling_tree) if isinstance(t, DynamicShape))
+        known = self.verify_costs_by_threads.get(threads)
+        if known is None or known.numel() < most:
+            sizes = [n for n in CURVE_SIZES if n < most] + [most]
+            self.verify_costs_by_threads[threads] = cost_by_size(forward_cost(runtime, sizes, repeats=3), most)
+        return self.verify_costs_by_threads[threads]
+
+    def size_for(self, runtime: Any, step_cost: float | None, t_draft: float) -> SizeFor:
+        """An adaptive tree's budget at this step: the size with the most expected tokens per second,
+        a step costing its verify plus the rest of a step (drafting, bookkeeping: ``step_cost``, the
+        running mean of the steps before; at the first step, this one's drafting so far)."""
+        costs = self.verify_costs(runtime)
+
+        def size_for(gains: torch.Tensor) -> int:
+            rest = step_cost if step_cost is not None else time.perf_counter() - t_draft
+            return best_size(gains, costs + rest)
+        return size_for
+
+
+def batch_table(stored: Any) -> dict[int, bool] | None:
+    """``metadata["decode"]["by_batch"]`` ({"1": true, "8": false}) -> {1: True, 8: False}."""
+    if not stored:
+        return None
+    return {int(k): bool(v) for k, v in dict(stored).items()}
+

@@ -1,0 +1,355 @@
+"""One decode step for every batch size: draft -> verify -> accept -> commit.
+
+    draft    every row's tree, rooted at its last emitted token: one drafter call per draft level
+             for all rows (or none: a plain step, when the policy says speculation does not pay
+             at this batch size; the tree is then the root alone)
+    verify   one target forward over every row's tree (B, N): tree masks, explicit position ids,
+             the target's own cache object
+    accept   per row, the longest path the target agrees with plus one bonus token: greedy,
+             exact sampling (deterministic trees, or sampled chains), or typical acceptance; each
+             row with its own sampling parameters and its own generator
+    commit   the cache keeps the accepted entries, the proposer sees the accepted path and the
+             target's hidden states there, the rows' emitted tokens grow; stopped rows leave
+
+``generate`` is a batch of one (``layouts.OneRow``); ``generate_batch`` pads (``layouts.PaddedRows``).
+Randomness is an argument (each row's ``torch.Generator``), so tests can replay and bias it; timing
+and statistics go to hooks (``StepHooks``), not into the step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from .batch_proposers import BatchProposer, RowsProposer
+from .batch_trees import build_sampled_chains, build_trees
+from .layouts import OneRow, PaddedRows
+from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs
+from .policy import TreePolicy
+from .runtime import Runtime
+from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
+                       verify_typical)
+from .shapes import DraftTree, DynamicShape, TreeShape, build_sampled_chain, build_tree, is_chain
+from .stats import GenerationStats, _record_depths, _sync
+from .tree import TreeBuffers
+from .verify import Verdict, verify_greedy, verify_greedy_walk
+
+
+@dataclass
+class Row:
+    """One prompt's decode state."""
+
+    index: int  # position in the caller's prompt list
+    emitted: list[int]  # tokens generated so far; the last one is the next tree's root
+    length: int  # tokens in the target cache (prompt + accepted): the root's position
+    params: SamplingParams
+    gen: torch.Generator
+    max_new: int
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    # accepted paths the proposer has not seen yet (plain steps): (tokens, features, start)
+    pending: list[tuple[torch.Tensor, list[torch.Tensor], int]] = field(default_factory=list)
+
+
+@dataclass
+class Batch:
+    """Everything a generation carries from step to step: the rows, the target cache (its
+    layout), the proposer (its rows follow ``rows``)."""
+
+    kv: OneRow | PaddedRows
+    proposer: BatchProposer
+    rows: list[Row]
+    step_cost: float | None = None  # seconds of a step outside its verify (running mean): adaptive trees
+
+
+@dataclass
+class Drafts:
+    trees: list[DraftTree]
+    shape: TreeShape | None  # None: a plain step (every tree is its root)
+    draft_probs: list[torch.Tensor | None]  # per row (depth, V) when the chain's drafts were sampled
+
+
+@dataclass
+class Scored:
+    """The drafts after the target's verify forward."""
+
+    drafts: Drafts
+    node_logits: list[NodeLogits]  # per row: the target's logits at its nodes (projected as read, when lazy)
+    features: list[list[torch.Tensor]]  # per row, per feature layer: (N_b, H) target states at its nodes
+    verify_time: float
+
+    def row(self, b: int) -> "RowScored":
+        return RowScored(self.drafts.trees[b], self.node_logits[b], self.features[b], self.verify_time,
+                         self.drafts.draft_probs[b], self)
+
+
+@dataclass
+class RowScored:
+    """One row's view of ``Scored`` (the single-prompt API: ``Speculator.draft_and_score``)."""
+
+    tree: DraftTree
+    node_logits: NodeLogits
+    features: list[torch.Tensor]
+    verify_time: float
+    draft_probs: torch.Tensor | None
+    batch: Scored
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(N, V) target logits at every node (all rows projected)."""
+        return self.node_logits.all()
+
+
+class StepHooks(Protocol):
+    def on_step(self, batch: Batch, scored: Scored, verdicts: Sequence[Verdict], new: Sequence[list[int]],
+                times: dict[str, float]) -> None: ...
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+    """The target's own next token: argmax, or a draw from its processed distribution."""
+    if params.greedy:
+        return logits.argmax(-1)
+    return sample_from(processed_probs(logits, params), torch.rand((), generator=gen).to(logits.device))
+
+
+def root_only(root: torch.Tensor) -> DraftTree:
+    """A plain step's tree: the root alone (verification then emits the target's next token)."""
+    return DraftTree(root.view(1), TreeBuffers.build(torch.tensor([-1], device=root.device)),
+                     torch.full((1,), -1, dtype=torch.long, device=root.device))
+
+
+# -- prefill ------------------------------------------------------------------------------------
+def prefill(rt: Runtime, ids: Sequence[list[int]], rows: Sequence[Row], proposer: BatchProposer, pad: int,
+            cache_length: int | None = None, pick: Callable[..., torch.Tensor] = choose) -> Batch:
+    """One target forward over the prompts; the first token of each row comes from the target
+    alone; the proposer reads the prompts' hidden states. One prompt: ``OneRow`` (its cache static
+    when the runtime's is, of ``cache_length`` positions); more: ``PaddedRows``."""
+    kv: OneRow | PaddedRows = OneRow(rt.new_cache(cache_length)) if len(ids) == 1 else PaddedRows(rt.target.config)
+    out, tokens, valid, pos = kv.prefill(rt, ids, pad)
+    first = torch.stack([pick(out.logits[b, -1], r.params, r.gen) for b, r in enumerate(rows)])  # (B,)
+    proposer.prefill(tokens, valid, pos, [out.hidden_states[i] for i in rt.layers], first)
+    for r, f in zip(rows, first.tolist()):
+        r.emitted.append(int(f))
+        r.stats.new_tokens = 1
+    return Batch(kv, proposer, list(rows))
+
+
+# -- draft --------------------------------------------------------------------------------------
+def _flush(batch: Batch) -> None:
+    """Tell the proposer the paths of the plain steps it skipped, as one longer accepted path."""
+    if not batch.rows[0].pending:
+        return
+    paths, feats, starts = [], [], []
+    for r in batch.rows:
+        tokens = torch.cat([r.pending[0][0]] + [p[0][1:] for p in r.pending[1:]])
+        paths.append(tokens)
+        feats.append([torch.cat(layer) for layer in zip(*(p[1] for p in r.pending))])
+        starts.append(r.pending[0][2])
+        r.pending = []
+    batch.proposer.accept(paths, feats, starts)
+
+
+def draft(rt: Runtime, policy: TreePolicy, batch: Batch, speculate: bool = True) -> Drafts:
+    """Every row's tree (rooted at its last emitted token): one drafter call per draft level for
+    all rows. Near the context's end a row's tree shrinks. At T > 0 with a chain shape the drafts
+    are sampled (each row with its parameters and generator; a greedy row takes the drafter's argmax)."""
+    dev = rt.device
+    roots = torch.tensor([r.emitted[-1] for r in batch.rows], device=dev)
+    if not speculate:
+        return Drafts([root_only(roots[b]) for b in range(len(batch.rows))], None, [None] * len(batch.rows))
+    _flush(batch)
+    t_draft = time.perf_counter()
+    sampling = any(not r.params.greedy for r in batch.rows)
+    shapes = [policy.shape_for(rt.max_positions - 1 - r.length, sampling) for r in batch.rows]
+    bp = batch.proposer
+    single = bp.rows[0] if isinstance(bp, RowsProposer) and len(batch.rows) == 1 else None
+    sampled = [policy.samples_chain(r.params, s) for r, s in zip(batch.rows, shapes)]
+    if any(sampled):
+        def sampler(r: Row) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+            def sample(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                if r.params.greedy:
+                    x = logp.argmax(-1)
+                    return torch.nn.functional.one_hot(x, logp.shape[-1]).float(), x
+                q = processed_probs(logp, r.params)
+                return q, sample_from(q, torch.rand((), generator=r.gen).to(q.device))
+            return sample
+
+        depth = min(s.depth for s in shapes)
+        if single is not None:
+            tree, q = build_sampled_chain(depth, single, roots[0], sampler(batch.rows[0]), rt.vocab_size)
+            trees, probs = [tree], [q]
+        else:
+            trees, probs = build_sampled_chains(depth, bp, roots, [sampler(r) for r in batch.rows], rt.vocab_size)
+        draft_probs: list[torch.Tensor | None] = [p if s and not r.params.greedy else None
+                                                  for p, s, r in zip(probs, sampled, batch.rows)]
+    elif single is not None:
+        shape = shapes[0]
+        adaptive = isinstance(shape, DynamicShape) and shape.adaptive
+        size_for = policy.size_for(rt, batch.step_cost, t_draft) if adaptive else None
+        trees, draft_probs = [build_tree(shape, single, roots[0], size_for)], [None]
+    else:
+        trees, draft_probs = build_trees(shapes, bp, roots), [None] * len(batch.rows)
+    bp.end_tree()
+    return Drafts(trees, shapes[0], draft_probs)
+
+
+# -- verify -------------------------------------------------------------------------------------
+def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: int) -> Scored:
+    """One target forward over every row's tree. A single large tree (CPU) stops before the
+    lm_head: its rows are projected as verification reads them (``NodeLogits``)."""
+    trees = drafts.trees
+    lengths = [r.length for r in batch.rows]
+    # up to PREFETCH_ROWS nodes cost one projection either way (and a walk off the first-child chain
+    # would cost a second); a chain's rows go together; typical acceptance reads every node
+    lazy = len(trees) == 1 and trees[0].buffers.size > PREFETCH_ROWS and drafts.shape is not None \
+        and not is_chain(drafts.shape) and policy.typical is None and rt.uses_lazy_logits()
+    last = rt.num_layers  # its hidden states are the lm_head's input
+    extra: dict[str, Any] = {}
+    if lazy:
+        extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
+                     layers=sorted(set(rt.layers) | {last}))
+    tokens, pos, mask = batch.kv.tree_inputs(trees, lengths, pad, rt.dtype)
+    _sync(rt.device)
+    t = time.perf_counter()
+    out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask, **extra)
+    _sync(rt.device)
+    seconds = time.perf_counter() - t
+    node_logits, features = [], []
+    for b, tree in enumerate(trees):
+        n = tree.tokens.numel()
+        node_logits.append(NodeLogits(tree.buffers, hidden=out.hidden_states[last][b], head=rt.projection) if lazy
+                           else NodeLogits(tree.buffers, full=out.logits[b, :n]))
+        features.append(rt.features(out, b, slice(0, n)))
+    return Scored(drafts, node_logits, features, seconds)
+
+
+# -- accept -------------------------------------------------------------------------------------
+def verify_row(tree: DraftTree, logits: NodeLogits | torch.Tensor, params: SamplingParams, gen: torch.Generator,
+               draft_probs: torch.Tensor | None = None, typical: tuple[float, float] | None = None) -> Verdict:
+    """One row's accepted path and bonus token. ``logits``: every node's (N, V), or a ``NodeLogits``
+    whose rows are projected as they are read (only the accepted path's, when lazy)."""
+    tokens, b = tree.tokens, tree.buffers
+    if isinstance(logits, torch.Tensor):
+        logits = NodeLogits(b, full=logits)
+    if params.greedy:
+        return verify_greedy_walk(tokens, b, logits) if logits.lazy else verify_greedy(tokens, b, logits.all())
+    u = torch.rand(b.size + 1, generator=gen).to(tokens.device)
+    if draft_probs is not None:
+        return verify_sampled_chain(tokens, processed_probs(logits.all(), params), draft_probs, u[:-1], u[-1])
+    if typical is not None:
+        return verify_typical(tokens, b, processed_probs(logits.all(), params), *typical, u[-1])
+    probs: Any = NodeProbs(logits, lambda x: processed_probs(x, params)) if logits.lazy else \
+        processed_probs(logits.all(), params)
+    return verify_sample(tokens, b, probs, u[:-1], u[-1])
+
+
+def accept(policy: TreePolicy, batch: Batch, scored: Scored) -> list[Verdict]:
+    return [verify_row(scored.drafts.trees[b], scored.node_logits[b], r.params, r.gen, scored.drafts.draft_probs[b],
+                       policy.typical) for b, r in enumerate(batch.rows)]
+
+
+# -- commit -------------------------------------------------------------------------------------
+def stopped(row: Row, eos: set[int], n_new: int = 1) -> bool:
+    """Cut after the first EOS among the newly emitted tokens; stop at the length limit."""
+    emitted = row.emitted
+    for i in range(len(emitted) - n_new, len(emitted)):
+        if emitted[i] in eos:
+            del emitted[i + 1:]
+            row.stats.new_tokens = len(emitted)
+            row.stats.stopped_by = "eos"
+            return True
+    if len(emitted) >= row.max_new:
+        row.stats.stopped_by = "length"
+        return True
+    return False
+
+
+def commit(batch: Batch, scored: Scored, verdicts: Sequence[Verdict], eos: set[int]
+           ) -> tuple[list[list[int]], list[Row]]:
+    """Keep the accepted KV entries, tell the proposer (now, or at the next drafted step after a
+    plain one), append the emitted tokens (accepted path + bonus). Returns each row's new tokens
+    (cut at EOS and ``max_new``) and the rows that stopped, which leave the batch."""
+    trees = scored.drafts.trees
+    width = max(t.tokens.numel() for t in trees)
+    starts = [r.length for r in batch.rows]
+    batch.kv.keep(verdicts, starts, width)
+    paths = [torch.cat([t.tokens[v.nodes], v.bonus.view(1)]) for t, v in zip(trees, verdicts)]
+    feats = [[f[v.nodes] for f in fs] for fs, v in zip(scored.features, verdicts)]
+    if scored.drafts.shape is not None:
+        batch.proposer.accept(paths, feats, starts)
+    else:
+        for r, p, f, s in zip(batch.rows, paths, feats, starts):
+            r.pending.append((p, f, s))
+    news, finished, keep = [], [], []
+    for i, (r, v, p) in enumerate(zip(batch.rows, verdicts, paths)):
+        r.length += v.nodes.numel()
+        before = len(r.emitted)
+        r.emitted += p[1:].tolist()
+        del r.emitted[r.max_new:]
+        r.stats.new_tokens = len(r.emitted)
+        done = stopped(r, eos, len(r.emitted) - before)
+        news.append(r.emitted[before:])
+        if done:
+            finished.append(r)
+        else:
+            keep.append(i)
+    if finished:
+        batch.kv.select(keep)
+        batch.proposer.select(keep)
+        batch.rows = [batch.rows[i] for i in keep]
+    return news, finished
+
+
+# -- the step -----------------------------------------------------------------------------------
+def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
+         hooks: Sequence[StepHooks] = ()) -> tuple[list[Row], list[list[int]], list[Row]]:
+    """draft -> verify -> accept -> commit. Returns (the rows as they entered, each one's new
+    tokens, the rows that stopped)."""
+    rows = list(batch.rows)
+    B = len(rows)
+    t0 = time.perf_counter()
+    speculate = policy.speculate(B)
+    drafts = draft(rt, policy, batch, speculate)
+    t1 = time.perf_counter()
+    scored = score(rt, policy, batch, drafts, pad)
+    verdicts = accept(policy, batch, scored)
+    new, finished = commit(batch, scored, verdicts, eos)
+    _sync(rt.device)
+    total = time.perf_counter() - t0
+    projected = sum(n.seconds for n in scored.node_logits)  # lm_head rows read by verification: the target's time
+    times = {"draft": t1 - t0, "verify": scored.verify_time + projected,
+             "bookkeeping": total - (t1 - t0) - scored.verify_time - projected, "total": total}
+    policy.record(B, speculate, sum(v.nodes.numel() for v in verdicts), total)
+    if speculate:
+        rest = total - scored.verify_time - projected
+        batch.step_cost = rest if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * rest
+    for h in hooks:
+        h.on_step(_View(rows, batch), scored, verdicts, new, times)
+    return rows, new, finished
+
+
+class _View:
+    """The batch as it entered the step (its rows before stopped ones left)."""
+
+    def __init__(self, rows: list[Row], batch: Batch) -> None:
+        self.rows, self.kv, self.proposer, self.step_cost = rows, batch.kv, batch.proposer, batch.step_cost
+
+
+class RecordStats:
+    """The hook that keeps every row's ``GenerationStats``: forwards, tree nodes, lm_head rows,
+    accepted depths, and the step's times as each row lived through them."""
+
+    def on_step(self, batch: Any, scored: Scored, verdicts: Sequence[Verdict], new: Sequence[list[int]],
+                times: dict[str, float]) -> None:
+        for b, (r, v) in enumerate(zip(batch.rows, verdicts)):
+            s = r.stats
+            nodes = scored.drafts.trees[b].buffers.size
+            s.target_forwards += 1
+            s.tree_nodes += nodes
+            s.projected_rows += len(scored.node_logits[b].rows) if scored.node_logits[b].lazy else nodes
+            _record_depths(s, v)
+            s.time_draft += times["draft"]
+            s.time_verify += times["verify"]
+            s.time_bookkeeping += times["bookkeeping"]

@@ -1,0 +1,63 @@
+"""The batch-aware policy: speculate or decode plainly per step, by batch size; either way, and
+across switches between the two inside one generation, every row stays exact."""
+
+import pytest
+
+from headway.decode import Speculator
+from headway.decode.policy import RETRY_EVERY, TRY_STEPS, TreePolicy, batch_table
+from headway.decode.shapes import chain
+
+from test_decode_batch import batch, llama, oracles  # noqa: F401  (fixtures)
+from test_decode_exact import make_heads
+
+
+def policy(**kw):
+    return TreePolicy(chain(3), chain(3), 1 << 20, **kw)
+
+
+def test_one_prompt_always_speculates_unless_tuned():
+    p = policy()
+    for _ in range(50):
+        p.record(1, True, 1, 1.0)  # even when speculation measures slower
+        p.record(1, False, 1, 0.1)
+    assert p.speculate(1)
+    assert not policy(by_batch={1: False}).speculate(1)
+
+
+def test_a_batch_tries_both_then_keeps_the_faster_and_retries_the_other():
+    p = policy()
+    for _ in range(TRY_STEPS):
+        assert p.speculate(8)
+        p.record(8, True, 8, 1.0)  # 8 tok/s
+    for _ in range(TRY_STEPS):
+        assert not p.speculate(8)
+        p.record(8, False, 8, 0.5)  # 16 tok/s: plain wins
+    choices = [p.speculate(8) for _ in range(2 * RETRY_EVERY)]
+    assert choices.count(True) == 2 and choices[RETRY_EVERY - 1] and choices[2 * RETRY_EVERY - 1]
+    assert p.speculate(4)  # another batch size is measured on its own
+    for _ in range(40):  # speculation becomes the faster one
+        p.record(8, True, 40, 1.0)
+    assert p.speculate(8)
+
+
+def test_the_tuned_table_takes_the_nearest_smaller_size():
+    p = policy(by_batch=batch_table({"1": True, "4": False, "16": True}))
+    assert [p.speculate(b) for b in (1, 2, 4, 8, 16, 32)] == [True, True, False, False, True, True]
+    assert policy(by_batch={4: False}).speculate(2) is False  # below the smallest: the smallest's
+    assert policy(by_batch={1: False}, batch_aware=False).speculate(8)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "medusa"])
+@pytest.mark.parametrize("table", [{1: False}, {1: True, 3: False}, {1: False, 3: True}])
+def test_switching_between_plain_and_drafted_steps_stays_exact(llama, batch, kind, table):  # noqa: F811
+    """Rows leave as they stop, so the batch size crosses the table's cut-over mid-generation: the
+    proposer then catches up on the paths of the plain steps it skipped, in one call."""
+    model, tok = llama
+    ps, refs = batch
+    spec = Speculator(model, tok, make_heads(kind, model), tree="chain-4", by_batch=table)
+    spec.new_proposer = oracles(spec, refs, ps, model.config.vocab_size)
+    lengths = [12, 40, 24, 33, 40, 18][:len(ps)]
+    out = spec.generate_batch(ps, max_new_tokens=lengths)  # the batch shrinks through the cut-over
+    assert [r.ids for r in out.rows] == [ref[:n] for ref, n in zip(refs, lengths)]
+    drafted = sum(sum(r.stats.accepted_per_depth) for r in out.rows)
+    assert (drafted > 0) == any(table.values())
