@@ -173,6 +173,28 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_design_doc_states_this_table():
+    """docs/design.md §2 and MAY_IMPORT are one statement's two halves: the same rooms, the same arrows."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text(encoding="utf-8")
+    section = text.split("### Who may import whom", 1)[1].split("\n\n")
+    rows = [line for block in section if block.startswith("| room |") for line in block.splitlines()[2:]]
+    cell_room = {"ground floor": "ground", "kernels": "kernels", "`config.py`": "config", "`target.py`": "target",
+                 "`cli.py`": "cli", **{f"`{r}/`": r for r in PACKAGE_ROOMS}}
+    stated = {}
+    for row in rows:
+        first, arrows = (c.strip() for c in row.strip("|").split("|"))
+        room = next(r for cell, r in cell_room.items() if first.startswith(cell))
+        arrows = re.sub(r"\(.*?\)", "", arrows)
+        if arrows.startswith("everything"):
+            stated[room] = set(MAY_IMPORT) - {room, "ground", "kernels", "cli"} - (
+                {"demo"} if "above" in arrows else set())
+        else:
+            stated[room] = {a.strip() for a in arrows.split(",")} - {"nothing of headway but the ground floor",
+                                                                     "the ground floor"}
+    assert stated == MAY_IMPORT
+    assert "`decode/cli.py` also data" in text and MODULE_MAY_IMPORT == {"headway.decode.cli": {"data"}}
+
+
 def test_every_module_has_a_room():
     """A new module is placed in the table (MODULE_ROOMS / PACKAGE_ROOMS) before it imports anything."""
     assert [m for m in import_graph() if room_of(m) is None] == []
