@@ -7,7 +7,6 @@ Light at import (no torch): the command configs subclass ``TargetArgs``, and ``-
 
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ TARGET_DTYPES = ("float32", "bfloat16", "float16")
 # ``auto``: the model's own dtype (config ``dtype`` / ``torch_dtype``) on CUDA, float32 on CPU.
 DTYPE_CHOICES = (*TARGET_DTYPES, "auto")
 HEADS_DTYPES = ("auto", *TARGET_DTYPES)  # auto: the target's dtype
-LINEAR_KERNELS = ("auto", "stock", "weight-major", "native")  # headway.kernels
+LINEAR_KERNELS = ("auto", "stock", "weight-major", "native")  # headway.kernels.KERNELS (a test keeps them equal)
 VERIFY_LOGITS = ("auto", "all")  # Speculator(verify_logits=): on-demand lm_head rows on CPU, or every node's
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Spellings load_target also takes from Python callers (the CLI offers TARGET_DTYPES only).
@@ -60,10 +59,15 @@ NAMED_TARGETS: dict[str, NamedTarget] = {
                            "HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0"),
 }
 
-# Built-in target names -> the function that builds (or reuses from the cache) that target and
-# returns its folder. Named by string: the builders live in the demo room, above this one.
-BUILDERS = {DEMO: "headway.demo.builder:build_default",
-            **{name: "headway.demo.named:resolve_named_target" for name in NAMED_TARGETS}}
+# The built-in target names. Their builders (build or reuse from the cache, return the folder) live
+# in the demo room, above this one, so this room never names them: the package declares each as an
+# entry point of BUILDER_GROUP (pyproject.toml), and ASSISTANT_GROUP the builders of a built-in
+# target's smaller sibling (the assistant model of HF assisted generation).
+BUILDERS = (DEMO, *NAMED_TARGETS)
+BUILDER_GROUP = "headway.targets"
+ASSISTANT_GROUP = "headway.target_assistants"
+# What a built demo target folder records about its build (its recipe, held-out loss, ...).
+DEMO_METADATA_FILE = "headway_target.json"
 
 
 NO_TARGET = ("no target model given; pass --target MODEL (target: in a YAML config): a local folder, a Hub id "
@@ -150,8 +154,7 @@ def resolve_target_path(name: str) -> str:
     a local path -> its absolute form (messages still show it as given: ``as_given``); a Hub id
     unchanged. A name that can only be a folder and is not there is refused at once."""
     if name in BUILDERS:
-        module, _, attr = BUILDERS[name].partition(":")
-        return str(getattr(importlib.import_module(module), attr)(name))
+        return str(entry_point(BUILDER_GROUP, name)(name))
     path = local_path(name)
     if path is None:
         if folder_only(name):
@@ -160,6 +163,35 @@ def resolve_target_path(name: str) -> str:
     resolved = str(path.resolve())
     _AS_GIVEN[resolved] = name
     return resolved
+
+
+def entry_point(group: str, name: str) -> Any:
+    """The function the installed package declares as ``name`` in the entry-point ``group``."""
+    from importlib.metadata import entry_points
+
+    found = entry_points(group=group, name=name)
+    if not found:
+        raise TargetError(f"headway's installed metadata has no '{name}' in the entry points '{group}' (an install "
+                          "older than this source?); reinstall it: pip install -e .")
+    return next(iter(found)).load()
+
+
+def demo_metadata(path: str | Path) -> dict[str, Any] | None:
+    """What a built demo target records about its build; None for any other target."""
+    import json
+
+    f = Path(path) / DEMO_METADATA_FILE
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def default_assistant(target_path: str, layers: int, progress: bool) -> tuple[str, str]:
+    """A built-in target's recipe with ``layers`` layers, built or reused from the cache, and a note
+    saying so: the default assistant of HF assisted generation. Other targets need ``--assistant``."""
+    if demo_metadata(target_path) is None:
+        raise ConfigError(f"'{target_path}' is not a demo target, so there is no default assistant: pass "
+                          "--assistant PATH (a small model with the target's tokenizer) or skip HF assisted "
+                          "generation with --baselines hf-prompt-lookup")
+    return entry_point(ASSISTANT_GROUP, DEMO)(target_path, layers, progress)
 
 
 # resolved local target paths -> the name as the user gave it, so that messages name the path
@@ -360,6 +392,13 @@ def load_config_only(name_or_path: str, revision: str | None = None, trust_remot
 def one_line(e: BaseException) -> str:
     """An exception's first line (transformers' and huggingface_hub's messages run to several)."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def is_target_folder(path: str | Path) -> bool:
+    """Whether the local folder ``path`` holds a saved model (its config and safetensors weights):
+    what a builder checks before it reuses a cached target."""
+    folder = Path(path)
+    return (folder / "config.json").is_file() and any(folder.glob("*.safetensors"))
 
 
 def check_weight_files(folder: Path) -> None:

@@ -255,3 +255,25 @@ def test_temps_of_killed_builds_are_removed_and_live_ones_kept(tmp_path):
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_the_default_assistant_is_the_demo_recipe_with_fewer_layers(tmp_path, monkeypatch):
+    """``target.default_assistant`` reaches the demo room's builder through its entry point: the
+    target's recorded recipe, ``layers`` deep, cached beside the target."""
+    import json
+
+    from headway.target import DEMO_METADATA_FILE, default_assistant
+
+    folder = tmp_path / "cache" / "targets" / "tiny-abc"
+    folder.mkdir(parents=True)
+    recipe = {"preset": "tiny", "num_layers": 4, "steps": 7, "not_a_field": 1}
+    (folder / DEMO_METADATA_FILE).write_text(json.dumps({"config": recipe, "max_minutes": 3.0}))
+    asked = []
+    monkeypatch.setattr(dt, "build_demo_target", lambda cfg, progress: asked.append(cfg) or tmp_path / "small")
+    path, note = default_assistant(str(folder), 2, False)
+    assert path == str(tmp_path / "small") and "with 2 of 4 layers" in note
+    (cfg,) = asked
+    assert (cfg.preset, cfg.num_layers, cfg.steps, cfg.max_minutes) == ("tiny", 2, 7, 3.0)
+    assert cfg.cache_dir == str(tmp_path / "cache")
+    with pytest.raises(ConfigError, match="not a demo target.*--assistant"):
+        default_assistant(str(tmp_path), 2, False)

@@ -191,3 +191,10 @@ def test_probing_leaves_the_global_rng_alone():
     state = torch.get_rng_state()
     probe_plan(linears, reps=1, with_native=False)
     assert torch.equal(torch.get_rng_state(), state)  # a user's seeded sampling is not moved by a probe
+
+
+def test_the_config_choices_are_the_kernel_names():
+    """target.py repeats the names (it stays light for --help; the kernels sit below every room)."""
+    from headway.target import LINEAR_KERNELS
+
+    assert LINEAR_KERNELS == kernels.KERNELS

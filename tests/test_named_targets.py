@@ -158,7 +158,7 @@ def test_cli_builds_and_reports(tiny_gguf, tmp_path):
 def test_named_target_is_not_mistaken_for_the_demo_target(tiny_gguf, tmp_path):
     """bench and demo read the demo target's metadata file for demo-only fields; a named target
     must not carry that file (bench crashed at its end on SmolLM2 when it did)."""
-    from headway.bench.run import _demo_metadata
+    from headway.target import demo_metadata
 
     folder = build_named_target("smollm2", cache_dir=tmp_path, gguf=tiny_gguf[0])
-    assert _demo_metadata(str(folder)) is None
+    assert demo_metadata(str(folder)) is None

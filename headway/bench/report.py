@@ -51,9 +51,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..demo.builder import repetition_rate
 from ..optional import need
 from .methods import Method, Run
+from .repetition import repetition_rate
 
 SCHEMA = "headway.bench/1"
 METHOD_KEYS = ("name", "kind", "tree", "heads", "temperature", "lossless", "tokens_per_s", "tokens_per_s_by_repeat",

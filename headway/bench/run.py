@@ -34,42 +34,16 @@ from ..config import ConfigError
 from ..data.progress import quiet_transformers
 from ..kernels import LinearKernels
 from ..optional import MissingDependency, skip_line
+from ..target import default_assistant, demo_metadata
 from .methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run)
+from .repetition import repetition_rate
 from .report import SCHEMA, Record, render_table, summarize, write_plot
 from .configs import OPTIONAL_BASELINES, BenchConfig  # noqa: F401  (re-exported; light, for --help)
 
 
 # ---------------------------------------------------------------------------------------------
 # Building the methods
-
-
-def _demo_metadata(target_path: str) -> dict[str, Any] | None:
-    from ..demo.builder import METADATA_FILE
-
-    f = Path(target_path) / METADATA_FILE
-    return json.loads(f.read_text()) if f.is_file() else None
-
-
-def default_assistant(target_path: str, layers: int, progress: bool) -> tuple[str, str]:
-    """The demo target's recipe (same tokenizer, corpus, steps) with ``layers`` layers, built or
-    reused from the cache. Other targets need ``--assistant``."""
-    from ..demo.builder import TargetBuildConfig, build_demo_target, default_cache_dir
-
-    meta = _demo_metadata(target_path)
-    if meta is None:
-        raise ConfigError(f"'{target_path}' is not a demo target, so there is no default assistant: pass "
-                          "--assistant PATH (a small model with the target's tokenizer) or skip HF assisted "
-                          "generation with --baselines hf-prompt-lookup")
-    fields = {f.name for f in dataclasses.fields(TargetBuildConfig)}
-    recipe = {k: v for k, v in meta["config"].items() if k in fields}
-    folder = Path(target_path)
-    cache = folder.parent.parent if folder.parent.name == "targets" else default_cache_dir()
-    recipe.update(num_layers=layers, cache_dir=str(cache), max_minutes=meta.get("max_minutes"))
-    path = build_demo_target(TargetBuildConfig(**recipe), progress=progress)
-    note = (f"the demo recipe ({recipe.get('preset')}) with {layers} of {meta['config'].get('num_layers')} layers, "
-            "trained like the target (TargetBuildConfig override; demo_target has no assistant preset)")
-    return str(path), note
 
 
 def load_assistant(cfg: BenchConfig, target_path: str, tokenizer: Any
@@ -333,14 +307,12 @@ def bench(cfg: BenchConfig) -> dict[str, Any]:
     prompts = loaded.ids
     room = int(getattr(target.config, "max_position_embeddings", 1 << 30))
     reference, records = measure(methods, prompts, cfg, room)
-    from ..demo.builder import repetition_rate
-
     entries = [(t, i, summarize(methods[i], t, recs, records[(0, t)], reference)) for (i, t), recs in records.items()]
     entries = [e for _, _, e in sorted(entries, key=lambda x: (x[0], x[1]))]  # by temperature, then method order
     return {
         "schema": SCHEMA, "headway_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "target": _target_info(target, target_path, _demo_metadata(target_path)),
+        "target": _target_info(target, target_path, demo_metadata(target_path)),
         "assistant": assistant_info,
         "settings": {**dataclasses.asdict(cfg), "torch": torch.__version__, "transformers": transformers.__version__,
                      "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
@@ -368,7 +340,7 @@ def bench_batched(cfg: BenchConfig, target: nn.Module, tok: Any, loaded: Prompts
     return {
         "schema": SCHEMA, "headway_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "target": _target_info(target, target_path, _demo_metadata(target_path)), "assistant": None,
+        "target": _target_info(target, target_path, demo_metadata(target_path)), "assistant": None,
         "settings": {**dataclasses.asdict(cfg), "torch": torch.__version__, "transformers": transformers.__version__,
                      "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
                      "python": platform.python_version()},

@@ -83,9 +83,8 @@ def fit_length(ids: list[int], mask: list[int], max_length: int, overlong: str) 
 def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     """Tokenise ``cfg.source`` into ``cfg.output`` (not sharded: tokenisation is fast)."""
     from datasets import Dataset
-    from transformers import AutoTokenizer
 
-    from ..target import load_config_only
+    from ..target import load_config_only, load_tokenizer
     from .chat import load_chat_template
     from .distill import prepare_output, row_features, save_merged
     from .progress import console, quiet_datasets
@@ -99,7 +98,7 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     check_source(cfg.source)  # a missing file is refused before the target's tokenizer loads
     prepare_output(out, cfg.overwrite, MANIFEST)
     target_path = resolve_target_path(cfg.target)
-    tokenizer = AutoTokenizer.from_pretrained(target_path, revision=cfg.revision)
+    tokenizer = load_tokenizer(target_path, target_path, cfg.revision, trust_remote_code=False)
     vocab_size = int(load_config_only(target_path, cfg.revision).get_text_config().vocab_size)
     template = load_chat_template(tokenizer, cfg.chat_template)
     src = read_samples(cfg.source, split=cfg.split, limit=cfg.limit, skip_bad_rows=cfg.skip_bad_rows)

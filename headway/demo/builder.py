@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +33,9 @@ from ..config import ConfigError, check_choice
 from ..data.progress import quiet_transformers
 from ..data.stdlib_corpus import (HELDOUT_FRACTION, SPLITS, _corpus, _prompt_spans, _read,  # noqa: F401  (re-exported)
                                   corpus_files, corpus_identity, demo_prompts, split_of, stdlib_root)
+from ..bench.repetition import repetition_rate  # noqa: F401  (re-exported)
 from ..publish import publishing, remove_dead_temps
+from ..target import DEMO_METADATA_FILE
 
 # The config lives in a light module (re-exported here) so that `headway target build --help` needs no torch
 from .configs import PRESETS, TargetBuildConfig, default_cache_dir  # noqa: F401
@@ -42,7 +44,7 @@ from ..progress import Progress
 
 # Bump when the recipe changes in a way that changes the weights: old cache entries then miss.
 RECIPE_VERSION = 1
-METADATA_FILE = "headway_target.json"
+METADATA_FILE = DEMO_METADATA_FILE  # the target room reads it too (bench reports the build)
 
 # Fields that do not change the weights: they stay out of the cache key.
 _NOT_IN_KEY = ("cache_dir", "force", "out", "max_minutes", "name", "gguf")
@@ -107,23 +109,6 @@ def corpus_tokens(target: str | Path, split: str) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # Measurements
-
-
-def repetition_rate(completions: Sequence[Sequence[int]], n: int = 4) -> float:
-    """Fraction of n-grams that repeat an earlier n-gram of the same completion, pooled.
-
-    Greedy decoding of a weak model collapses into loops, which makes draft acceptance look
-    meaninglessly high; report this beside acceptance. Real code scores ~7%.
-    """
-    repeats = total = 0
-    for ids in completions:
-        seen: set[tuple[int, ...]] = set()
-        for i in range(len(ids) - n + 1):
-            gram = tuple(ids[i:i + n])
-            repeats += gram in seen
-            seen.add(gram)
-            total += 1
-    return repeats / total if total else 0.0
 
 
 def flop_layer_ratio(config: Any, context: int) -> float:
@@ -402,8 +387,24 @@ def build_demo_target(cfg: TargetBuildConfig, progress: bool = True) -> Path:
 
 
 def build_default(name: str = "demo") -> Path:
-    """The built-in target ``demo`` (``headway.target.BUILDERS``): the default preset, built or reused."""
+    """The built-in target ``demo`` (an entry point of ``headway.targets``, which
+    ``headway.target.resolve_target_path`` calls): the default preset, built or reused."""
     return build_demo_target(TargetBuildConfig())
+
+
+def build_assistant(target_path: str, layers: int, progress: bool) -> tuple[str, str]:
+    """The demo target's recipe (same tokenizer, corpus, steps) with ``layers`` layers, built or
+    reused from the cache, and a note saying so (``headway.target.default_assistant``)."""
+    meta = read_metadata(target_path)
+    fields = {f.name for f in dataclasses.fields(TargetBuildConfig)}
+    recipe = {k: v for k, v in meta["config"].items() if k in fields}
+    folder = Path(target_path)
+    cache = folder.parent.parent if folder.parent.name == "targets" else default_cache_dir()
+    recipe.update(num_layers=layers, cache_dir=str(cache), max_minutes=meta.get("max_minutes"))
+    path = build_demo_target(TargetBuildConfig(**recipe), progress=progress)
+    note = (f"the demo recipe ({recipe.get('preset')}) with {layers} of {meta['config'].get('num_layers')} layers, "
+            "trained like the target (TargetBuildConfig override; demo_target has no assistant preset)")
+    return str(path), note
 
 
 def _summary_rows(meta: dict[str, Any], folder: Path, cfg: TargetBuildConfig, cached: bool) -> list[tuple[str, str]]:

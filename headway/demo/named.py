@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..publish import publishing
-from ..target import NAMED_TARGETS, NamedTarget, TargetError  # noqa: F401  (re-exported)
+from ..target import NAMED_TARGETS, NamedTarget, TargetError, is_target_folder  # noqa: F401  (re-exported)
 
 METADATA_FILE = "headway_named_target.json"  # not the demo target's headway_target.json: readers of that expect demo fields
 RECIPE_VERSION = 2  # 2: special tokens pinned to the GGUF's own ids (pin_special_tokens)
@@ -62,7 +62,7 @@ def is_built(folder: Path) -> bool:
         meta = read_metadata(folder)
     except (OSError, ValueError):
         return False
-    return meta.get("recipe_version") == RECIPE_VERSION and (folder / "model.safetensors").is_file()
+    return meta.get("recipe_version") == RECIPE_VERSION and is_target_folder(folder)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -58,10 +58,6 @@ def _stage(name: str) -> None:
     print(f"\n== {name} ==", flush=True)
 
 
-def _done(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
-
-
 def build_target(cfg: DemoConfig) -> Path:
     from .builder import TargetBuildConfig, build_demo_target, read_metadata
 
@@ -96,10 +92,11 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
     import yaml
 
     from ..config import to_dict
+    from ..heads.files import is_heads_checkpoint
 
     out = run / kind
     final = out / "final"
-    if _done(final):
+    if is_heads_checkpoint(final):
         print(f"reusing {final}")
         return final
     tc = train_config(cfg, kind, target, data, out)
@@ -112,7 +109,7 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
 
         env = {**os.environ, "OMP_NUM_THREADS": str(cfg.threads)}
     rc = subprocess.run([sys.executable, "-m", "headway", "train", "--config", str(resolved)], env=env).returncode
-    if rc != 0 or not _done(final):
+    if rc != 0 or not is_heads_checkpoint(final):
         raise HeadwayError(f"training {kind} failed (exit {rc}); rerun `headway demo` to resume from its checkpoint")
     return final
 

@@ -27,6 +27,13 @@ def resolve_checkpoint(name_or_path: str | Path, revision: str | None = None) ->
                           what="heads checkpoint", error=HeadsError)
 
 
+def is_heads_checkpoint(path: str | Path) -> bool:
+    """Whether the local folder ``path`` holds a saved heads checkpoint (its config and weights):
+    what a resumed run or a pipeline stage checks before it reuses one."""
+    folder = Path(path)
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
 def read_config(path: Path) -> dict[str, Any]:
     f = path / "config.json"
     if not f.is_file():

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import to_dict
 from ..hardware import bf16_is_fast
+from ..heads.files import is_heads_checkpoint
 from ..optional import MissingDependency, need, skip_line
 from ..progress import Progress
 from .batch import (StoredLogits, TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch,
@@ -1041,7 +1042,7 @@ def kept_final(run: TrainRun, final: Path) -> bool:
     Saving again would drop what was stored with the heads since (``headway tune``'s tree)."""
     from accelerate.utils import broadcast_object_list
 
-    done = [run.started_at == run.steps and (final / "config.json").is_file()]
+    done = [run.started_at == run.steps and is_heads_checkpoint(final)]
     broadcast_object_list(done)  # the main process's view: every process takes the same branch
     return bool(done[0])
 
