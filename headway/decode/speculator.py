@@ -239,7 +239,8 @@ class Speculator:
             if max_new_tokens is None:
                 raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
             length = len(ids) + max_new_tokens + max(self.tree.size, self.sampling_tree.size)
-        return prefill(self.runtime, [ids], [row], self.new_batch_proposer(1), self._pad(), length, self._choose)
+        return prefill(self.runtime, [ids], [row], RowsProposer([self.new_proposer()]), self._pad(), length,
+                       self._choose)
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
         return choose(logits, params, gen)
