@@ -35,7 +35,7 @@ from transformers import DynamicCache
 from .args import DecodeError, check_decode_args
 from .batch_proposers import BatchProposer
 from .batch_trees import build_trees
-from .kv import drop_last
+from .kv import drop_last, new_cache
 from .padding import additive, after_prefix, left_pad, pad_trees, prefill_mask, used_columns
 from .shapes import DraftTree
 from .stats import GenerationOutput, GenerationStats, _record_depths, _sync
@@ -151,7 +151,7 @@ def _generate(spec: Speculator, ids: list[list[int]], max_new_tokens: int) -> Ba
     t_start = time.perf_counter()
     # -- prefill: left-padded prompts, one forward --------------------------------------------
     tokens, valid, pos = left_pad(ids, pad, dev)  # (B, n) each
-    batch = _Batch(DynamicCache(config=spec.target.config), valid, spec.new_batch_proposer(len(ids)))
+    batch = _Batch(new_cache(spec.target.config), valid, spec.new_batch_proposer(len(ids)))
     keep = {"logits_to_keep": 1} if spec._keeps_logits else {}  # left-padded: the last column is every row's last
     out = spec._forward(tokens, batch.cache, position_ids=pos, attention_mask=additive(prefill_mask(valid), dtype),
                         **keep)

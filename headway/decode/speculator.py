@@ -24,7 +24,7 @@ from ..compat import cache_kwarg, hidden_states_arg
 from .args import DecodeError, check_decode_args
 from .attention import tree_attention
 from .cost import CURVE_SIZES, best_size, cost_by_size, forward_cost
-from .kv import keep_accepted, new_cache, static_length, tree_mask
+from .kv import keep_accepted, layer_masks, new_cache, static_length, tree_mask
 from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs, Projection, head_matches_logits
 from .proposers import EagleProposer, hidden_index, make_proposer
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
@@ -315,6 +315,8 @@ class Speculator:
     def _forward(self, ids: torch.Tensor, cache: Cache, verify: bool = False, layers: list[int] | None = None,
                  **kw: Any) -> Any:
         fn = self._verify_forward if verify else self.target  # compiled with ``compile``: the tree forward only
+        if kw.get("attention_mask") is not None:  # sliding-window layers get the mask cut to their window
+            kw["attention_mask"] = layer_masks(self.target.config, kw["attention_mask"])
         with tree_attention(self.target, self.grouped_attention):  # tree masks: grouped-query attention
             return fn(input_ids=ids, **{cache_kwarg(): cache}, use_cache=True,
                       output_hidden_states=hidden_states_arg(layers or self._layers), **kw)
