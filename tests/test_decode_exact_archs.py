@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from headway.decode import Speculator
-from headway.decode import speculator as speculator_module
+from headway.decode import kv as kv_module
 from headway.decode.args import DecodeError
 from headway.decode.kv import layer_masks, new_cache, window_mask
 from headway.decode.node_logits import head_matches_logits
@@ -111,7 +111,7 @@ def test_a_decoder_that_ignores_the_window_is_caught(cases, monkeypatch, arch):
     """The comparison can fail: the full tree mask on sliding layers (transformers takes a 4-D mask as
     it is) changes the output."""
     model, tok, ps, refs = cases[arch]
-    monkeypatch.setattr(speculator_module, "layer_masks", lambda config, mask: mask)
+    monkeypatch.setattr(kv_module, "window_mask", lambda mask, window: mask)
     spec = Speculator(model, tok, make_heads("medusa", model), tree="mc_sim_7b_63")
     assert sum(spec.generate(p, max_new_tokens=NEW).ids != ref for p, ref in zip(ps, refs)) >= 1
 
