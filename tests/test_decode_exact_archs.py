@@ -188,7 +188,8 @@ def sampling_target(arch, window=WINDOW):
     return model
 
 
-@pytest.mark.parametrize("arch,kind,shape", [("gemma2", "eagle3", "dynamic-3-3-8"), ("mixtral", "medusa", "mc_sim_7b_63")])
+@pytest.mark.parametrize("arch,kind,shape", [("gemma2", "eagle3", "dynamic-3-3-8"),
+                                             ("mixtral", "medusa", "mc_sim_7b_63")])
 def test_speculative_sampling_matches_target(arch, kind, shape):
     model = sampling_target(arch)
     params = SamplingParams(temperature=1.0)
