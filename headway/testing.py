@@ -14,6 +14,10 @@ from typing import Any
 import torch
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gpt_neox")
+# Mixture-of-experts and Gemma-style targets (sliding-window layers, soft-capped logits): proven exact by
+# their own test module (tests/test_decode_exact_archs.py), so every test over ARCHITECTURES stays as fast.
+MORE_ARCHITECTURES = ("mixtral", "qwen3_moe", "gemma2", "gemma3")
+SLIDING_WINDOW = 12  # shorter than the tests' prompt + generation: the window decides what a token sees
 
 # hidden 64, 2 layers, GQA 4 query heads / 2 KV heads: small enough for ms forwards,
 # big enough that attention geometry (GQA, head_dim) is exercised.
@@ -22,8 +26,8 @@ _COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_a
 
 
 def tiny_config(arch: str, vocab_size: int, **overrides: Any) -> Any:
-    from transformers import (GPTNeoXConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config,
-                              Qwen3Config)
+    from transformers import (Gemma2Config, Gemma3TextConfig, GPTNeoXConfig, LlamaConfig, MistralConfig,
+                              MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
     kv = dict(num_key_value_heads=2)
     if arch == "llama":
@@ -40,8 +44,21 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any) -> Any:
         cfg = GPTNeoXConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                             max_position_embeddings=512, vocab_size=vocab_size, tie_word_embeddings=False,
                             rotary_pct=0.5)
+    elif arch == "mixtral":  # every layer sliding (Mistral-7B-v0.1's scheme): one mask for all layers
+        cfg = MixtralConfig(**_COMMON, **kv, vocab_size=vocab_size, num_local_experts=4, num_experts_per_tok=2,
+                            sliding_window=SLIDING_WINDOW)
+    elif arch == "qwen3_moe":
+        cfg = Qwen3MoeConfig(**_COMMON, **kv, head_dim=16, vocab_size=vocab_size, num_experts=4,
+                             num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1)
+    elif arch == "gemma2":  # sliding and global layers alternate; attention and final logits soft-capped
+        cfg = Gemma2Config(**_COMMON, **kv, head_dim=16, vocab_size=vocab_size, sliding_window=SLIDING_WINDOW,
+                           query_pre_attn_scalar=16, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    elif arch == "gemma3":  # Gemma3ForCausalLM: sliding then global (5:1 in the real models), no soft-capping
+        cfg = Gemma3TextConfig(**_COMMON, **kv, head_dim=16, vocab_size=vocab_size, sliding_window=SLIDING_WINDOW,
+                               query_pre_attn_scalar=16, layer_types=["sliding_attention", "full_attention"])
     else:
-        raise ValueError(f"unknown fixture architecture '{arch}'; known: {', '.join(ARCHITECTURES)}")
+        known = ARCHITECTURES + MORE_ARCHITECTURES
+        raise ValueError(f"unknown fixture architecture '{arch}'; known: {', '.join(known)}")
     cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = 0, 1, 2
     for k, v in overrides.items():
         setattr(cfg, k, v)

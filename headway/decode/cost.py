@@ -19,7 +19,7 @@ import torch
 
 from ..compat import cache_kwarg
 from .attention import tree_attention
-from .kv import drop_last
+from .kv import drop_last, new_cache
 from .node_logits import PREFETCH_ROWS
 from .stats import _sync
 from .tree import additive_mask
@@ -66,15 +66,13 @@ def forward_cost(rt: Any, sizes: Sequence[int], prefix_len: int = 128, repeats: 
     ``prefix_len`` cache, for each n in ``sizes``: the same linear kernels and lm_head rows as its
     verify forward. One prefill; each forward's entries are cropped off after it; the sizes take
     turns, ``repeats`` rounds."""
-    from transformers import DynamicCache
-
     dev = rt.device
     sizes = sorted(set(sizes))
     prefix_len = max(1, min(prefix_len, rt.max_positions - sizes[-1] - 1))
     gen = torch.Generator(device=dev).manual_seed(0)  # private: timing never moves a user's seeded global RNG
     vocab = int(rt.target.config.vocab_size)
     lazy = rt.uses_lazy_logits()
-    cache = DynamicCache(config=rt.target.config)
+    cache = new_cache(rt.target.config)  # a full cache: sliding-window layers' would refuse the crops
     with torch.inference_mode():
         rt.target(input_ids=torch.randint(3, vocab, (1, prefix_len), device=dev, generator=gen),
                     **{cache_kwarg(): cache}, use_cache=True, **({"logits_to_keep": 1} if rt.keeps_logits else {}))

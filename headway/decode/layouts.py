@@ -26,9 +26,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from transformers import Cache, DynamicCache
+from transformers import Cache
 
-from .kv import drop_last, keep_accepted, static_length, tree_mask
+from .kv import drop_last, keep_accepted, new_cache, static_length, tree_mask
 from .padding import additive, after_prefix, left_pad, pad_trees, prefill_mask, used_columns
 from .shapes import DraftTree
 from .verify import Verdict
@@ -71,7 +71,7 @@ class PaddedRows:
     """B prompts' cache with a ``valid`` (B, S) mask of real slots (module docstring)."""
 
     def __init__(self, config: Any) -> None:
-        self.cache = DynamicCache(config=config)
+        self.cache = new_cache(config)  # full layers: sliding-window ones would drop the entries keep() moves
         self.valid: torch.Tensor | None = None
 
     def prefill(self, runtime: Any, ids: Sequence[list[int]], pad: int

@@ -17,7 +17,7 @@ from ..heads import HeadsBase
 from ..target import HEADS_DTYPES, resolve_dtype
 from .args import DecodeError
 from .attention import tree_attention
-from .kv import new_cache
+from .kv import layer_masks, new_cache
 from .node_logits import Projection, head_matches_logits
 
 
@@ -112,6 +112,8 @@ class Runtime:
                 **kw: Any) -> Any:
         """One target forward writing ``cache``, with the hidden states the proposer reads."""
         fn = self.verify_forward if verify else self.target  # compiled with ``compile``: the tree forward only
+        if kw.get("attention_mask") is not None:  # sliding-window layers get their own cut of our mask
+            kw["attention_mask"] = layer_masks(self.target.config, kw["attention_mask"])
         with tree_attention(self.target, self.grouped_attention):  # tree masks: grouped-query attention
             return fn(input_ids=ids, **{cache_kwarg(): cache}, use_cache=True,
                       output_hidden_states=hidden_states_arg(layers or self.layers), **kw)
