@@ -43,7 +43,7 @@ def data(tmp_path_factory):
     path = distill(DistillConfig(source=str(root / "p.jsonl"), output=str(root / "ds"), target=str(llama_dir),
                                max_new_tokens=8, batch_size=5, shard_size=3))
     feats = features(FeaturesConfig(dataset=str(path), output=str(root / "f"), layers=[*map(str, AUX), "final"],
-                                    store_dtype="float32", batch_size=2, shard_size=2))
+                                    store_dtype="float32", batch_size=2, shard_size=5))
     model, _ = load_target(str(llama_dir))
     return path, load_distilled(path), feats, model
 
@@ -154,6 +154,8 @@ def test_modelopt_and_specforge_files(data, tmp_path):
         assert torch.equal(a["hidden_states"], store[i]["final"]) and torch.equal(b["hidden_state"][0], store[i]["final"])
         want = torch.cat([store[i][f"hidden_states.{k}"] for k in AUX], dim=-1)  # (T, 3H), low to high
         assert torch.equal(a["aux_hidden_states"], want) and torch.equal(b["aux_hidden_state"][0], want)
+        row_bytes = 4 * want.numel() * 4 // 3  # final + 3 aux, float32: not the whole shard a view would drag in
+        assert (mo / f"sample_{i:06d}.pt").stat().st_size < 1.5 * row_bytes + 4096
 
 
 def test_draft_vocab_is_headways(data):

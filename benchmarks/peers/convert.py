@@ -70,8 +70,8 @@ def read_rows(features: str | Path, aux_layers: Sequence[int], limit: int | None
                          f"{' '.join(map(str, aux_layers))} final")
     for i in range(len(store) if limit is None else min(limit, len(store))):
         r = store.row(i, keys, max_length)
-        f = {k: v.float() for k, v in r["features"].items()}
-        yield Row(r["input_ids"], r["loss_mask"], [f[k] for k in keys[:3]], f["final"])
+        f = {k: v.float().clone() for k, v in r["features"].items()}  # own storage: torch.save writes a view's whole
+        yield Row(r["input_ids"].clone(), r["loss_mask"].clone(), [f[k] for k in keys[:3]], f["final"])
 
 
 def prenorm_equivalent(final: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
