@@ -149,8 +149,8 @@ def test_modelopt_and_specforge_files(data, tmp_path):
     for i, row in enumerate(ds.to_list()):
         a = torch.load(mo / f"sample_{i:06d}.pt", weights_only=True)
         b = torch.load(sf / f"data_{i}.ckpt", weights_only=True)
-        assert a["input_ids"].tolist() == b["input_ids"][0].tolist() == row["input_ids"]
-        assert a["loss_mask"].tolist() == b["loss_mask"][0].tolist() == row["loss_mask"]
+        assert a["input_ids"].tolist() == b["input_ids"].tolist() == row["input_ids"]  # 1-D in both
+        assert a["loss_mask"].tolist() == b["loss_mask"].tolist() == row["loss_mask"]
         assert torch.equal(a["hidden_states"], store[i]["final"]) and torch.equal(b["hidden_state"][0], store[i]["final"])
         want = torch.cat([store[i][f"hidden_states.{k}"] for k in AUX], dim=-1)  # (T, 3H), low to high
         assert torch.equal(a["aux_hidden_states"], want) and torch.equal(b["aux_hidden_state"][0], want)

@@ -101,8 +101,9 @@ def modelopt_sample(row: Row) -> dict[str, torch.Tensor]:
 
 
 def specforge_sample(row: Row) -> dict[str, torch.Tensor]:
-    """SpecForge's offline ``.ckpt``: input_ids / loss_mask (1, T), hidden_state (1, T, H), aux_hidden_state (1, T, 3H)."""
-    return {"input_ids": row.input_ids.long()[None], "loss_mask": row.loss_mask.long()[None],
+    """SpecForge's offline ``.ckpt``: input_ids / loss_mask (T,) (its reader slices ``[:max_len][None]``),
+    hidden_state (1, T, H), aux_hidden_state (1, T, 3H) (squeezed by its reader)."""
+    return {"input_ids": row.input_ids.long(), "loss_mask": row.loss_mask.long(),
             "hidden_state": row.final[None].contiguous(), "aux_hidden_state": torch.cat(row.aux, dim=-1)[None].contiguous()}
 
 

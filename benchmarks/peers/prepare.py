@@ -86,13 +86,16 @@ def main() -> None:
             "lr_recommended": RECOMMENDED_LR, "peers": {}}
     if "speculators" in args.peers:
         eps = float(json.loads((Path(args.target) / "config.json").read_text()).get("rms_norm_eps", 1e-6))
-        d = convert.write_speculators(rows, out / "speculators" / "data", final_norm_weight(args.target), eps)
+        # its loader insists on a validation split (train_data_ratio in (0, 1)): one extra row, a copy of
+        # the last, and a ratio that keeps exactly the N rows for training
+        d = convert.write_speculators(rows + rows[-1:], out / "speculators" / "data", final_norm_weight(args.target), eps)
         a, b = convert.write_vocab_npy(d2t, t2d, out / "speculators")
         plan["peers"]["speculators"] = {"data": str(d), "d2t": str(a), "t2d": str(b),
+                                        "train_data_ratio": (len(rows) + 0.5) / (len(rows) + 1),
                                         "aux_ids": convert.peer_layer_ids(args.aux, "speculators")}
     if "modelopt" in args.peers:
         d = convert.write_modelopt(rows, out / "modelopt" / "data")
-        torch.save({"d2t": d2t}, out / "modelopt" / "d2t.pt")
+        torch.save(d2t.clone(), out / "modelopt" / "d2t.pt")  # the tensor itself: load_draft_vocab_cache's format
         plan["peers"]["modelopt"] = {"data": str(d), "d2t": str(out / "modelopt" / "d2t.pt"),
                                      "aux_ids": convert.peer_layer_ids(args.aux, "modelopt")}
     if "specforge" in args.peers:
@@ -101,6 +104,10 @@ def main() -> None:
         plan["peers"]["specforge"] = {"data": str(d), "target": str(specforge_target(args.target, out / "specforge" / "target")),
                                       "vocab_mapping": str(out / "specforge" / "vocab_mapping.pt"),
                                       "aux_ids": convert.peer_layer_ids(args.aux, "specforge")}
+    if (out / "plan.json").is_file():  # peers prepared earlier with the same settings stay listed
+        old = json.loads((out / "plan.json").read_text())
+        same = all(old.get(k) == plan[k] for k in ("features", "rows", "tokens", "draft_vocab_size", "aux_hf_index"))
+        plan["peers"] = {**(old["peers"] if same else {}), **plan["peers"]}
     (out / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
     print(f"{len(rows)} rows, {tokens} tokens -> {out}/plan.json")
 

@@ -16,7 +16,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLIN
   --draft-vocab-size "$(plan "p['draft_vocab_size']")" \
   --target-layer-ids $(plan "' '.join(map(str, p['peers']['speculators']['aux_ids']))") \
   --epochs "$(plan "p['epochs']")" --lr "$(plan "p['lr']['speculators']")" \
-  --train-data-ratio 1.0 --on-missing raise \
+  --train-data-ratio "$(plan "p['peers']['speculators']['train_data_ratio']")" --on-missing raise \
   --save-path "$OUT/speculators/checkpoints" \
   --loss-implementation eager --draft-attn-impl sdpa --num-workers 0 --hidden-states-dtype float32 \
   "$@" 2>&1 | tee "$OUT/speculators/train.log"
