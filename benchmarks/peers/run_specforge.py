@@ -6,7 +6,8 @@ writes the draft config and run YAML SpecForge wants, trains through ``shims/spe
 
 Settings it needs on a CPU, and why:
 - ``training.fsdp_sharding: NO_SHARD`` (one gloo process; sharding a single rank buys nothing),
-  ``training.attention_backend: sdpa`` (flex attention needs a GPU), ``model.torch_dtype: float32``.
+  ``training.attention_backend: sdpa`` (flex attention needs a GPU); ``model.torch_dtype`` stays its bf16
+  (its TargetHead is always bf16, and the stored states are written in bf16 for it).
 - An explicit draft config (``LlamaForCausalLMEagle3`` of the target's geometry, ``draft_vocab_size``,
   aux ids in SpecForge's numbering = the output of layer k) instead of its presets for 8B models.
 - ``model.lm_head_key`` / ``embedding_key`` name the target's tensors (``model.embed_tokens.weight`` for
@@ -52,7 +53,7 @@ def main() -> None:
            "model": {"target_model_path": str(Path(me["target"]).resolve()),
                      "draft_model_config": str(work / "draft_config.json"),
                      "vocab_mapping_path": str(Path(me["vocab_mapping"]).resolve()), "lm_head_key": head,
-                     "embedding_key": "model.embed_tokens.weight", "torch_dtype": "float32",
+                     "embedding_key": "model.embed_tokens.weight", "torch_dtype": "bfloat16",
                      "aux_hidden_state_layer_ids": me["aux_ids"]},
            "data": {"hidden_states_path": str(Path(me["data"]).resolve()), "max_length": 1024,
                     "cache_dir": str(work / "cache"), "dataloader_num_workers": 0},
