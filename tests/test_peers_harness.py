@@ -73,8 +73,13 @@ def test_hf_index_is_output_of_layer_before_and_input_of_layer_k(data):
     seen_out, seen_in = {}, {}
     hooks = []
     for k, layer in enumerate(model.model.layers):
-        hooks.append(layer.register_forward_hook(lambda m, a, o, k=k: seen_out.__setitem__(k, o[0] if isinstance(o, tuple) else o)))
-        hooks.append(layer.register_forward_pre_hook(lambda m, a, kw, k=k: seen_in.__setitem__(k, (a or (kw["hidden_states"],))[0]), with_kwargs=True))
+        def out_hook(m, a, o, k=k):
+            seen_out[k] = o[0] if isinstance(o, tuple) else o
+
+        def in_hook(m, a, kw, k=k):
+            seen_in[k] = (a or (kw["hidden_states"],))[0]
+
+        hooks += [layer.register_forward_hook(out_hook), layer.register_forward_pre_hook(in_hook, with_kwargs=True)]
     hs = forward_states(model, torch.tensor([5, 9, 11, 40]))
     for h in hooks:
         h.remove()
@@ -114,7 +119,8 @@ def test_speculators_files(data, tmp_path):
     for i, row in enumerate(ds.to_list()):
         t = load_file(str(out / "hidden_states" / f"hs_{i}.safetensors"))
         T = len(row["input_ids"])
-        assert t["token_ids"].tolist() == row["input_ids"] and t["hidden_states"].shape == (T, 4, model.config.hidden_size)
+        assert t["token_ids"].tolist() == row["input_ids"]
+        assert t["hidden_states"].shape == (T, 4, model.config.hidden_size)
         for j, k in enumerate(AUX):
             assert torch.equal(t["hidden_states"][:, j], store[i][f"hidden_states.{k}"])
         # speculators applies the verifier's final norm to slot 3: that gives back headway's final state
@@ -151,7 +157,8 @@ def test_modelopt_and_specforge_files(data, tmp_path):
         b = torch.load(sf / f"data_{i}.ckpt", weights_only=True)
         assert a["input_ids"].tolist() == b["input_ids"].tolist() == row["input_ids"]  # 1-D in both
         assert a["loss_mask"].tolist() == b["loss_mask"].tolist() == row["loss_mask"]
-        assert torch.equal(a["hidden_states"], store[i]["final"]) and torch.equal(b["hidden_state"][0], store[i]["final"])
+        assert torch.equal(a["hidden_states"], store[i]["final"])
+        assert torch.equal(b["hidden_state"][0], store[i]["final"])
         want = torch.cat([store[i][f"hidden_states.{k}"] for k in AUX], dim=-1)  # (T, 3H), low to high
         assert torch.equal(a["aux_hidden_states"], want) and torch.equal(b["aux_hidden_state"][0], want)
         row_bytes = 4 * want.numel() * 4 // 3  # final + 3 aux, float32: not the whole shard a view would drag in

@@ -104,7 +104,8 @@ def specforge_sample(row: Row) -> dict[str, torch.Tensor]:
     """SpecForge's offline ``.ckpt``: input_ids / loss_mask (T,) (its reader slices ``[:max_len][None]``),
     hidden_state (1, T, H), aux_hidden_state (1, T, 3H) (squeezed by its reader)."""
     return {"input_ids": row.input_ids.long(), "loss_mask": row.loss_mask.long(),
-            "hidden_state": row.final[None].contiguous(), "aux_hidden_state": torch.cat(row.aux, dim=-1)[None].contiguous()}
+            "hidden_state": row.final[None].contiguous(),
+            "aux_hidden_state": torch.cat(row.aux, dim=-1)[None].contiguous()}
 
 
 # ---------------------------------------------------------------- writers (one folder per peer)

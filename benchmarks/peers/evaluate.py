@@ -33,7 +33,8 @@ def load_drafter(path: str, target: torch.nn.Module) -> Any:
     from headway.heads.importers import import_heads
     from headway.heads.load import load_heads
 
-    if (Path(path) / "config.json").is_file() and "headway_version" in json.loads((Path(path) / "config.json").read_text()):
+    cfg = Path(path) / "config.json"
+    if cfg.is_file() and "headway_version" in json.loads(cfg.read_text()):
         return load_heads(path, target=target).eval()
     return import_heads(path, target=target).eval()
 

@@ -88,7 +88,8 @@ def main() -> None:
         eps = float(json.loads((Path(args.target) / "config.json").read_text()).get("rms_norm_eps", 1e-6))
         # its loader insists on a validation split (train_data_ratio in (0, 1)): one extra row, a copy of
         # the last, and a ratio that keeps exactly the N rows for training
-        d = convert.write_speculators(rows + rows[-1:], out / "speculators" / "data", final_norm_weight(args.target), eps)
+        d = convert.write_speculators(rows + rows[-1:], out / "speculators" / "data", final_norm_weight(args.target),
+                                      eps)
         a, b = convert.write_vocab_npy(d2t, t2d, out / "speculators")
         plan["peers"]["speculators"] = {"data": str(d), "d2t": str(a), "t2d": str(b),
                                         "train_data_ratio": (len(rows) + 0.5) / (len(rows) + 1),
@@ -101,7 +102,8 @@ def main() -> None:
     if "specforge" in args.peers:
         d = convert.write_specforge(rows, out / "specforge" / "data")
         torch.save({"d2t": d2t, "t2d": t2d}, out / "specforge" / "vocab_mapping.pt")
-        plan["peers"]["specforge"] = {"data": str(d), "target": str(specforge_target(args.target, out / "specforge" / "target")),
+        tgt = specforge_target(args.target, out / "specforge" / "target")
+        plan["peers"]["specforge"] = {"data": str(d), "target": str(tgt),
                                       "vocab_mapping": str(out / "specforge" / "vocab_mapping.pt"),
                                       "aux_ids": convert.peer_layer_ids(args.aux, "specforge")}
     if (out / "plan.json").is_file():  # peers prepared earlier with the same settings stay listed

@@ -202,7 +202,8 @@ class Eagle3Drafter(DraftVocab, _EagleBase):
         if config.norm_before_fc:
             self.input_norm = LlamaRMSNorm(3 * H, eps=config.layer.rms_norm_eps)
         self.fc = nn.Linear(3 * H, H, bias=False)
-        self.midlayer = DraftDecoderLayer(config.layer, fused_input=True, norm_before_residual=config.norm_before_residual)
+        self.midlayer = DraftDecoderLayer(config.layer, fused_input=True,
+                                          norm_before_residual=config.norm_before_residual)
         self.norm = LlamaRMSNorm(H, eps=config.layer.rms_norm_eps)
         self.lm_head = nn.Linear(H, Vd, bias=False)
         self._init_draft_vocab(Vd, config.vocab_size)  # identity until set_draft_vocab: draft id i is target id i
