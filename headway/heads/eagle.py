@@ -10,7 +10,8 @@ full distribution (the paper's loss is unchanged).
 EAGLE-3 (Li et al. 2025): target features are three layers' hidden states fused by
 ``fc: 3H -> H``; the layer reads ``cat(input_norm(embed), hidden_norm(hidden))``; its output
 (pre-norm) is fed back as the next step's ``hidden``; logits come from its own ``norm`` and
-``lm_head`` over a reduced draft vocabulary (draft id i is target id ``i + d2t[i]``).
+``lm_head`` over a reduced draft vocabulary (draft id i is target id ``i + d2t[i]``). Three options
+read speculators checkpoints as trained (``norm_before_fc``, ``norm_before_residual``, ``norm_output``).
 
 Feature indices are HF ``output_hidden_states`` indices (0 = embeddings, L = last layer output
 after the final norm in transformers v5); "final" means index -1.
@@ -64,6 +65,10 @@ class Eagle3Config:
     draft_vocab_size: int = opt(help="size of the reduced draft vocabulary")
     aux_layers: list[int] = opt(default_factory=list, help="HF hidden-state indices of the fused target layers")
     layer: LayerGeometry = field(default_factory=lambda: LayerGeometry(0, 0, 1, 1, 1))
+    # speculators' EAGLE-3 options (its trainer turns the three on by default); headway trains with them off
+    norm_before_fc: bool = opt(False, "RMSNorm (3H wide, 'input_norm') over the concatenated target states before fc")
+    norm_before_residual: bool = opt(False, "the layer's residual is hidden_norm(hidden) instead of hidden")
+    norm_output: bool = opt(False, "each step's output is norm(layer(...)): fed back normed, lm_head reads it as is")
 
     def __post_init__(self) -> None:
         if len(self.aux_layers) != 3:
@@ -194,8 +199,11 @@ class Eagle3Drafter(DraftVocab, _EagleBase):
     def __init__(self, config: Eagle3Config, target_info: TargetInfo | None = None) -> None:
         super().__init__(config, target_info)
         H, Vd = config.hidden_size, config.draft_vocab_size
+        if config.norm_before_fc:
+            self.input_norm = LlamaRMSNorm(3 * H, eps=config.layer.rms_norm_eps)
         self.fc = nn.Linear(3 * H, H, bias=False)
-        self.midlayer = DraftDecoderLayer(config.layer, fused_input=True)
+        self.midlayer = DraftDecoderLayer(config.layer, fused_input=True,
+                                          norm_before_residual=config.norm_before_residual)
         self.norm = LlamaRMSNorm(H, eps=config.layer.rms_norm_eps)
         self.lm_head = nn.Linear(H, Vd, bias=False)
         self._init_draft_vocab(Vd, config.vocab_size)  # identity until set_draft_vocab: draft id i is target id i
@@ -213,22 +221,24 @@ class Eagle3Drafter(DraftVocab, _EagleBase):
 
     def fuse(self, target_features: list[torch.Tensor]) -> torch.Tensor:
         """Three target layers' states (each (B, T, H)) -> fused hidden (B, T, H)."""
-        return self.fc(torch.cat(target_features, dim=-1).to(self.fc.weight.dtype))
+        x = torch.cat(target_features, dim=-1).to(self.fc.weight.dtype)  # (B, T, 3H)
+        return self.fc(self.input_norm(x) if self.config.norm_before_fc else x)
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, position_ids: torch.Tensor,
                 mask: torch.Tensor | None, cache: DraftCache | None = None) -> torch.Tensor:
         """input_ids (B, T) = x_{t+1}; hidden (B, T, H) fused or fed-back -> output (B, T, H), pre-norm."""
         hidden = hidden.to(self.fc.weight.dtype)
         cos, sin = self.rope(hidden, position_ids)
-        return self.midlayer(hidden, cos, sin, mask, cache, embeds=self.embed(input_ids))
+        h = self.midlayer(hidden, cos, sin, mask, cache, embeds=self.embed(input_ids))
+        return self.norm(h) if self.config.norm_output else h
 
     @property
     def draft_vocab_size(self) -> int:
         return self.config.draft_vocab_size
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(B, T, H) -> (B, T, draft_vocab)."""
-        return self.lm_head(self.norm(h))
+        """(B, T, H) -> (B, T, draft_vocab); with ``norm_output`` ``h`` is normed already."""
+        return self.lm_head(h if self.config.norm_output else self.norm(h))
 
     draft_logits = logits  # the same in every mode
     draft_to_target_ids = DraftVocab.to_target_ids

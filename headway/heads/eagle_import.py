@@ -10,7 +10,10 @@ Layouts read (weights: ``model.safetensors`` or ``pytorch_model.bin``, sharded o
   ``norm.weight``, ``lm_head.weight [Vd, H]``, ``d2t`` (offsets), ``t2d`` (bool). Aux layer
   ids in the config follow SGLang's convention (output of layer k = HF hidden-state index k+1).
 - **EAGLE-3, vLLM / modelopt / speculators**: the same tensors named ``layers.0.*``; aux layer
-  ids are HF hidden-state indices (vLLM reads them so). ``t2d`` may be absent (derived from d2t).
+  ids are HF hidden-state indices (vLLM reads them so), except in ModelOpt's export
+  (``LlamaForCausalLMEagle3`` with ids under ``eagle_config``: the output of layer k, index - 1).
+  ``t2d`` may be absent (derived from d2t). speculators' options are kept: ``norm_before_fc``
+  (``input_norm.weight [3H]``), ``norm_before_residual``, ``norm_output`` (its trainer's defaults).
 
 The config is a Llama config of the drafter layer (``hidden_size``, heads, ``rope_theta`` /
 ``rope_scaling`` ...). The drafter keeps the reference's own rotary settings, since those are
@@ -99,10 +102,19 @@ def geometry(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], prefix: str)
     if target_h is not None and int(target_h) != g.hidden_size:
         raise HeadsError(f"this drafter has hidden_size={g.hidden_size} but target_hidden_size={target_h}; "
                          "headway drafters share the target's hidden size")
-    if cfg.get("norm_before_residual") or inner.get("norm_before_residual"):
-        raise HeadsError("norm_before_residual=true is not supported: headway's EAGLE-3 layer adds the "
-                         "un-normalised hidden state as the residual (the EAGLE-3 reference convention)")
+    if cfg.get("fc_norm") or inner.get("fc_norm"):
+        raise HeadsError("fc_norm=true (one RMSNorm per target layer before fc) is not supported; "
+                         "norm_before_fc (one norm over the three) is")
     return g
+
+
+def speculators_options(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, bool]:
+    """speculators' EAGLE-3 options (``norm_before_fc``, ``norm_before_residual``, ``norm_output``) from the
+    config; ``input_norm.weight`` present means norm_before_fc whatever the config says."""
+    inner = cfg.get("transformer_layer_config") or {}
+    opts = {k: bool(cfg.get(k, inner.get(k, False))) for k in ("norm_before_fc", "norm_before_residual", "norm_output")}
+    opts["norm_before_fc"] |= "input_norm.weight" in tensors
+    return opts
 
 
 def aux_ids_from_config(cfg: dict[str, Any]) -> list[int] | None:
@@ -116,9 +128,12 @@ def aux_ids_from_config(cfg: dict[str, Any]) -> list[int] | None:
 def default_convention(cfg: dict[str, Any], layout: str) -> str:
     """How config aux ids are numbered when the caller does not say: a top-level
     ``eagle_aux_hidden_state_layer_ids`` or a speculators config is read by vLLM, which takes HF
-    hidden-state indices; otherwise ``midlayer.*`` checkpoints follow SGLang (index - 1)."""
+    hidden-state indices; ids nested in ``eagle_config`` (ModelOpt's ``LlamaForCausalLMEagle3``
+    export) and ``midlayer.*`` checkpoints name the output of layer k (SGLang: index - 1)."""
     if cfg.get("eagle_aux_hidden_state_layer_ids") or cfg.get("speculators_model_type"):
         return "hf"
+    if (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+        return "sglang"  # ModelOpt's export: its ids name the layer whose output it hooked (HF index - 1)
     return "sglang" if layout == "eagle3-sglang" else "hf"
 
 
@@ -216,7 +231,7 @@ def _build_eagle3(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], layout:
     if "t2d" not in tensors and "d2t" in tensors:
         tensors["t2d"] = t2d_from_d2t(tensors["d2t"], vocab)
     drafter = Eagle3Drafter(Eagle3Config(hidden_size=g.hidden_size, vocab_size=vocab, draft_vocab_size=draft_vocab,
-                                         aux_layers=aux, layer=g))
+                                         aux_layers=aux, layer=g, **speculators_options(cfg, tensors)))
     check_shapes(drafter, tensors, renamed, str(path))
     check_draft_vocab(tensors["d2t"], tensors["t2d"], str(path))
     tensors["d2t"], tensors["t2d"] = tensors["d2t"].long(), tensors["t2d"].bool()

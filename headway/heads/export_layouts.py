@@ -300,7 +300,20 @@ def engine_aux_layers(aux_layers: list[int], num_target_layers: int, engine: str
     return [i - 1 for i in aux_layers] if engine in OUTPUT_NUMBERED else list(aux_layers)
 
 
+SPECULATORS_OPTIONS = ("norm_before_fc", "norm_before_residual", "norm_output")
+
+
+def refuse_speculators_options(cfg: dict[str, Any]) -> None:
+    """A drafter imported with speculators' extra norms computes something the engine layouts written
+    here do not describe: refuse rather than write a checkpoint that serves wrong drafts."""
+    on = [k for k in SPECULATORS_OPTIONS if cfg.get(k)]
+    if on:
+        raise ExportError(f"this EAGLE-3 drafter uses speculators' options {on} (imported from a speculators "
+                          "checkpoint); exporting them is not supported: serve the original checkpoint")
+
+
 def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine: str) -> Export:
+    refuse_speculators_options(cfg)
     target = cfg.get("target") or {}
     if not target.get("num_hidden_layers"):
         raise ExportError("the checkpoint records no target (num_hidden_layers); cannot check its EAGLE-3 aux layers")

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from .export_layouts import Export, ExportError, Spec, _provenance, eagle3_spec, engine_aux_layers, llama_config
+from .export_layouts import (Export, ExportError, Spec, _provenance, eagle3_spec, engine_aux_layers, llama_config,
+                             refuse_speculators_options)
 
 SPECULATIVE_TOKENS = 3  # the default draft length written into proposal_methods
 LAYER_PREFIX = "layers.0."
@@ -57,6 +58,7 @@ def _verifier(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def eagle3_speculators(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
                        dtype: str) -> Export:
+    refuse_speculators_options(cfg)
     verifier = _verifier(cfg)
     ids = engine_aux_layers(list(cfg["aux_layers"]), int(cfg["target"]["num_hidden_layers"]), "vllm")
     layer = llama_config(cfg, "LlamaForCausalLM", dtype)

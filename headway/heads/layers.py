@@ -119,12 +119,14 @@ class DraftMLP(nn.Module):
 
 class DraftDecoderLayer(nn.Module):
     """Llama-style layer. ``fused_input=True`` is the EAGLE-3 variant: attention reads
-    ``cat(input_layernorm(embed), hidden_norm(hidden))`` (2H wide) and the residual is ``hidden``.
+    ``cat(input_layernorm(embed), hidden_norm(hidden))`` (2H wide) and the residual is ``hidden``
+    (``hidden_norm(hidden)`` with ``norm_before_residual``, as speculators trains by default).
     Without it (EAGLE-1) there is no input norm: attention reads ``hidden`` directly."""
 
-    def __init__(self, g: LayerGeometry, fused_input: bool = False) -> None:
+    def __init__(self, g: LayerGeometry, fused_input: bool = False, norm_before_residual: bool = False) -> None:
         super().__init__()
         self.fused_input = fused_input
+        self.norm_before_residual = norm_before_residual  # speculators' option: the residual is hidden_norm(hidden)
         H = g.hidden_size
         if fused_input:
             self.input_layernorm = LlamaRMSNorm(H, eps=g.rms_norm_eps)
@@ -136,7 +138,10 @@ class DraftDecoderLayer(nn.Module):
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: DraftCache | None = None, embeds: torch.Tensor | None = None) -> torch.Tensor:
         if self.fused_input:
-            x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
+            normed = self.hidden_norm(hidden)  # (B, T, H)
+            x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # (B, T, 2H)
+            if self.norm_before_residual:
+                hidden = normed
         else:
             x = hidden
         h = hidden + self.self_attn(x, cos, sin, mask, cache)

@@ -1,0 +1,84 @@
+"""Measure EAGLE-3 drafters with headway's own evaluation: each checkpoint (a headway heads folder, or a
+peer's checkpoint, imported with ``headway.heads.importers.import_heads``) is scored on the same held-out
+rows with the sums ``headway train`` reports (``train.eagle.eval_sums`` / ``summarize``): teacher-forced
+top-1 by depth, and the simulated chain acceptance (tau, depth 5) against the data and against the
+target's greedy choice.
+
+    python benchmarks/peers/evaluate.py --target DIR --data DATASET --rows 400: --out eval.json \\
+        headway=runs/demo-eagle3/final speculators=runs/peers/speculators/checkpoints/latest ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def held_out(dataset: str, rows: str) -> list[dict[str, Any]]:
+    """Rows ``a:b`` (python slice) of a headway dataset, as {input_ids, loss_mask} dicts."""
+    from headway.data.distill import load_distilled
+
+    ds = load_distilled(dataset)
+    a, _, b = rows.partition(":")
+    idx = range(len(ds))[slice(int(a) if a else None, int(b) if b else None)]
+    return ds.select(list(idx)).select_columns(["input_ids", "loss_mask"]).to_list()
+
+
+def load_drafter(path: str, target: torch.nn.Module) -> Any:
+    """A headway heads folder as is; anything else through ``headway import``'s reader."""
+    from headway.heads.importers import import_heads
+    from headway.heads.load import load_heads
+
+    cfg = Path(path) / "config.json"
+    if cfg.is_file() and "headway_version" in json.loads(cfg.read_text()):
+        return load_heads(path, target=target).eval()
+    return import_heads(path, target=target).eval()
+
+
+def evaluate(drafter: Any, target: torch.nn.Module, rows: list[dict[str, Any]], batch_size: int = 8,
+             max_length: int = 384) -> dict[str, Any]:
+    """headway's eval sums over ``rows``, summed as ``headway train`` sums them."""
+    from headway.train.batch import collate, target_batch
+    from headway.train.eagle import EVAL_DEPTH, eval_sums, summarize
+
+    totals: dict[str, torch.Tensor] = {}
+    layers = sorted(set(drafter.feature_layers) | {-1})
+    with torch.no_grad():
+        for b in range(0, len(rows), batch_size):
+            tb = target_batch(target, collate(rows[b: b + batch_size], pad_id=0, max_length=max_length), layers, True)
+            hidden = drafter.fuse([tb.hidden[i] for i in drafter.feature_layers])
+            stats = eval_sums(drafter, tb, hidden, EVAL_DEPTH)
+            for k, v in stats.items():
+                totals[k] = totals[k] + v if k in totals else v.clone()
+    out = summarize(totals)
+    return {k: out[k] for k in ("tau", "tau_greedy", "top1", "accept_rate_by_depth", "positions") if k in out}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("drafters", nargs="+", help="NAME=PATH")
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--data", required=True, help="a headway distilled dataset")
+    ap.add_argument("--rows", default="-48:", help="python slice of held-out rows (default: the last 48)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from headway.target import load_target
+
+    target, _ = load_target(args.target, device="cpu")
+    rows = held_out(args.data, args.rows)
+    report = {"target": args.target, "data": args.data, "rows": args.rows, "num_rows": len(rows), "drafters": {}}
+    for spec in args.drafters:
+        name, _, path = spec.partition("=")
+        d = load_drafter(path, target)
+        report["drafters"][name] = {"path": path, **evaluate(d, target, rows)}
+        print(name, json.dumps(report["drafters"][name]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
