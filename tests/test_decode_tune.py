@@ -60,9 +60,35 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         assert stored["tree"] == report["tree"]
         assert stored.get("sampling_tree", report["tree"]) == report["sampling_tree"]  # written only where it differs
         spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
-        assert shape_spec(spec.tree_for(0.0)) == shape_spec(spec._default_tree(report["tree"], spec.new_proposer()))
-        assert shape_spec(spec.tree_for(1.0)) == shape_spec(spec._default_tree(report["sampling_tree"],
-                                                                                spec.new_proposer()))
+        assert shape_spec(spec.tree_for(0.0)) == shape_spec(spec.fit_tree(report["tree"]))
+        assert shape_spec(spec.tree_for(1.0)) == shape_spec(spec.fit_tree(report["sampling_tree"]))
+
+
+def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir):
+    """``batch_sizes``: speculating against plain decoding, measured per batch size and stored; the
+    speculator loaded from the heads then follows the table (untrained heads: plain decoding wins
+    wherever drafting only costs, and the output is the target's either way)."""
+    from headway.target import load_target
+
+    model, tok = load_target(str(llama_dir))
+    torch.manual_seed(0)
+    hdir = Eagle1Drafter.for_target(model).save_pretrained(tmp_path / "eagle1")
+    prompts = tmp_path / "p.jsonl"
+    text = sample_texts(20_000)[0]
+    prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(2)))
+    cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=2, max_new_tokens=12,
+                     probe_depth=2, probe_rank=2, sizes=[2], finalists=1, repeats=1, batch_sizes=[1, 2])
+    report = tune(cfg, log=lambda m: None)
+    side = report["by_batch_side_by_side"]
+    assert sorted(side) == [1, 2] and all(r["tokens_per_s"] > 0 and r["plain_tokens_per_s"] > 0 for r in side.values())
+    stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]["by_batch"]
+    assert stored == {str(b): side[b]["tokens_per_s"] >= side[b]["plain_tokens_per_s"] for b in side}
+    spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
+    assert spec.policy.by_batch == {int(b): v for b, v in stored.items()}
+    ids = tok(text[:200])["input_ids"]
+    out = spec.generate_batch([ids, ids[:40]], max_new_tokens=10)
+    ref = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+    assert out.rows[0].ids == ref
 
 
 def test_tune_cli_bad_heads_path_is_one_line_error(capsys, llama_dir):

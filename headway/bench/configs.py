@@ -88,6 +88,10 @@ class BenchConfig(DecodeTargetArgs):
                                         "them (the decoder's default); all: every node's; 'auto all' benches both "
                                         "side by side (chains project all rows either way)",
                                    default_factory=lambda: ["auto"], choices=VERIFY_LOGITS)  # type: ignore[assignment]
+    batch_policy: list[str] = opt(help="with --batch-size: auto: speculate or decode plainly per batch size (the "
+                                       "heads' tuned table, else measured while decoding: the decoder's default); "
+                                       "always: draft at every step; 'auto always' benches both side by side",
+                                  default_factory=lambda: ["auto"], choices=("auto", "always"))
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
     prompt_format: str = opt("auto", "auto: chat template when the tokenizer has one (plain prompts become a "
                                      "user message); chat: always; raw: plain prompts as they are",
@@ -136,6 +140,7 @@ class BenchConfig(DecodeTargetArgs):
             check_decode_args(self.max_new_tokens, t)
         self.calibration = list(dict.fromkeys(self.calibration))
         self.verify_logits = list(dict.fromkeys(self.verify_logits))  # type: ignore[assignment]
+        self.batch_policy = list(dict.fromkeys(self.batch_policy))
         self.batch_size = sorted(set(self.batch_size))
         if self.tree:  # a bad tree fails before the target is loaded
             from ..decode.shapes import parse_shape  # lazy: it imports torch, which --help does not need

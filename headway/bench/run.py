@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import datetime
 import json
 import os
@@ -130,6 +131,7 @@ def heads_adapter(heads: Sequence[str]) -> str | None:
 
 def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list[HeadwayMethod]:
     from ..heads import load_heads
+    from ..decode.policy import batch_table
     from ..decode.speculator import Speculator
 
     methods: list[HeadwayMethod] = []
@@ -144,18 +146,21 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
             sampling = None  # a tree given by name is drafted at every temperature
             if tree == "stored":  # tuned: T=0's tree, and the one above 0 where it differs
                 tree, sampling = stored.get("tree"), stored.get("sampling_tree")
-            for mode in cfg.calibration:
-                for logits in cfg.verify_logits:
-                    method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, sampling_tree=sampling,
-                                                          calibrate=mode == "on", verify_logits=logits,
-                                                          **cfg.runtime_kwargs()), str(path))
-                    if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
-                        continue  # the same drafts as the calibrated run: one row is enough
-                    methods.append(method)
+            policies = cfg.batch_policy if cfg.batch_size else ["auto"]  # one prompt: no batch to decide for
+            for mode, logits, policy in itertools.product(cfg.calibration, cfg.verify_logits, policies):
+                method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, sampling_tree=sampling,
+                                                      calibrate=mode == "on", verify_logits=logits,
+                                                      by_batch=batch_table(stored.get("by_batch")),
+                                                      batch_policy=policy, **cfg.runtime_kwargs()), str(path))
+                if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
+                    continue  # the same drafts as the calibrated run: one row is enough
+                methods.append(method)
     # "uncalibrated" only where it can differ: a dynamic tree of heads that carry a calibration
     tags = ["" if m.calibrated or not m.has_calibration else "[uncalibrated]" for m in methods]
     if len(cfg.verify_logits) > 1:  # side by side: the rows that project every node say so
         tags = [t + ("[all-logits]" if m.speculator.runtime.lazy_logits is False else "") for t, m in zip(tags, methods)]
+    if cfg.batch_size and len(cfg.batch_policy) > 1:  # and the rows that draft at every step
+        tags = [t + ("" if m.speculator.policy.batch_aware else "[always]") for t, m in zip(tags, methods)]
     names = [f"{m.kind}[{m.tree}]{tag}" for m, tag in zip(methods, tags)]
     for i, m in enumerate(methods):
         m.name = (names[i] if names.count(names[i]) == 1
