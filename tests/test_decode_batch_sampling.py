@@ -75,7 +75,7 @@ def alternating(spec):
     """Draft at every other step (deterministic, unlike the measured policy): plain steps, and the
     drafter catching up after them, inside every generation."""
     turns = itertools.cycle([True, False])
-    spec.policy.speculate = lambda batch_size: next(turns)
+    spec.policy.speculate = lambda batch_size, sampling=False: next(turns)
     return spec
 
 

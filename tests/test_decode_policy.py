@@ -15,13 +15,25 @@ def policy(**kw):
     return TreePolicy(chain(3), chain(3), 1 << 20, **kw)
 
 
-def test_one_prompt_always_speculates_unless_tuned():
+def test_one_greedy_prompt_always_speculates_unless_tuned():
     p = policy()
     for _ in range(50):
-        p.record(1, True, 1, 1.0)  # even when speculation measures slower
-        p.record(1, False, 1, 0.1)
+        for sampling in (False, True):
+            p.record(1, True, 1, 1.0, sampling)  # even when speculation measures slower
+            p.record(1, False, 1, 0.1, sampling)
     assert p.speculate(1)
+    assert not p.speculate(1, sampling=True)  # a sampled one follows the measurement
     assert not policy(by_batch={1: False}).speculate(1)
+
+
+def test_greedy_and_sampled_batches_are_measured_apart():
+    p = policy()
+    for _ in range(TRY_STEPS):
+        p.record(4, True, 12, 1.0)  # greedy: drafting pays
+        p.record(4, False, 4, 1.0)
+        p.record(4, True, 4, 1.0, sampling=True)  # sampled: it does not
+        p.record(4, False, 8, 1.0, sampling=True)
+    assert p.speculate(4) and not p.speculate(4, sampling=True)
 
 
 def test_a_batch_tries_both_then_keeps_the_faster_and_retries_the_other():

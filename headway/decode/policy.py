@@ -90,10 +90,10 @@ class TreePolicy:
     typical: tuple[float, float] | None = None
     by_batch: dict[int, bool] | None = None
     batch_aware: bool = True  # False: always speculate (A/B)
-    rates: dict[tuple[int, bool], ModeRate] = field(default_factory=dict)
+    rates: dict[tuple[int, bool, bool], ModeRate] = field(default_factory=dict)  # (batch, sampling, drafted)
     verify_costs_by_threads: dict[int, torch.Tensor] = field(default_factory=dict)
     _shapes: dict[tuple[int, int], TreeShape] = field(default_factory=dict)
-    _steps: dict[int, int] = field(default_factory=dict)
+    _steps: dict[tuple[int, bool], int] = field(default_factory=dict)
 
     def tree_for(self, temperature: float) -> TreeShape:
         """The shape drafted at this temperature (``tree`` at 0, ``sampling_tree`` above)."""
@@ -116,28 +116,30 @@ class TreePolicy:
         return not params.greedy and self.sampled_drafts and self.typical is None and is_chain(shape)
 
     # -- speculate or not, by batch size ------------------------------------------------------
-    def speculate(self, batch_size: int) -> bool:
-        """Whether this step drafts. One prompt always does (``headway tune`` chose its tree against
-        the chains and, with ``--batch-sizes``, against plain decoding); a batch follows the tuned
-        table, else what was measured (module docstring)."""
-        if not self.batch_aware or (batch_size == 1 and not self.by_batch):
+    def speculate(self, batch_size: int, sampling: bool = False) -> bool:
+        """Whether this step drafts. One greedy prompt always does (``headway tune`` chose its tree
+        against the chains and, with ``--batch-sizes``, against plain decoding); a batch follows the tuned
+        table, else what was measured (module docstring), greedy and sampling batches apart (a sampled
+        chain is accepted less often than a greedy one)."""
+        if not self.batch_aware or (batch_size == 1 and not sampling and not self.by_batch):
             return True
         if self.by_batch:
             known = [b for b in sorted(self.by_batch) if b <= batch_size] or [min(self.by_batch)]
             return self.by_batch[known[-1]]
-        on, off = self.rates.get((batch_size, True)), self.rates.get((batch_size, False))
+        key = (batch_size, sampling)
+        on, off = self.rates.get((*key, True)), self.rates.get((*key, False))
         if on is None or on.steps < TRY_STEPS:
             return True
         if off is None or off.steps < TRY_STEPS:
             return False
-        step = self._steps.get(batch_size, 0)
-        self._steps[batch_size] = step + 1
+        step = self._steps.get(key, 0)
+        self._steps[key] = step + 1
         faster = on.rate >= off.rate
         return (not faster) if step % RETRY_EVERY == RETRY_EVERY - 1 else faster
 
-    def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float) -> None:
+    def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float, sampling: bool = False) -> None:
         """One step's outcome: ``tokens`` emitted over all rows in ``seconds`` of wall time."""
-        self.rates.setdefault((batch_size, speculated), ModeRate()).add(tokens, seconds)
+        self.rates.setdefault((batch_size, sampling, speculated), ModeRate()).add(tokens, seconds)
 
     # -- adaptive trees: nodes weighed against the verify-cost curve --------------------------
     def adaptive(self) -> bool:

@@ -114,10 +114,17 @@ def choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -
     return sample_from(processed_probs(logits, params), torch.rand((), generator=gen).to(logits.device))
 
 
+_ROOTS: dict[torch.device, tuple[TreeBuffers, torch.Tensor]] = {}
+
+
 def root_only(root: torch.Tensor) -> DraftTree:
-    """A plain step's tree: the root alone (verification then emits the target's next token)."""
-    return DraftTree(root.view(1), TreeBuffers.build(torch.tensor([-1], device=root.device)),
-                     torch.full((1,), -1, dtype=torch.long, device=root.device))
+    """A plain step's tree: the root alone (verification then emits the target's next token). Its
+    buffers are built once per device: a plain step must cost no more than plain decoding."""
+    if root.device not in _ROOTS:
+        _ROOTS[root.device] = (TreeBuffers.build(torch.tensor([-1], device=root.device)),
+                               torch.full((1,), -1, dtype=torch.long, device=root.device))
+    buffers, draft_ids = _ROOTS[root.device]
+    return DraftTree(root.view(1), buffers, draft_ids)
 
 
 # -- prefill ------------------------------------------------------------------------------------
@@ -310,7 +317,8 @@ def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
     rows = list(batch.rows)
     B = len(rows)
     t0 = time.perf_counter()
-    speculate = policy.speculate(B)
+    sampling = any(not r.params.greedy for r in rows)
+    speculate = policy.speculate(B, sampling)
     drafts = draft(rt, policy, batch, speculate)
     t1 = time.perf_counter()
     scored = score(rt, policy, batch, drafts, pad)
@@ -321,7 +329,7 @@ def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
     projected = sum(n.seconds for n in scored.node_logits)  # lm_head rows read by verification: the target's time
     times = {"draft": t1 - t0, "verify": scored.verify_time + projected,
              "bookkeeping": total - (t1 - t0) - scored.verify_time - projected, "total": total}
-    policy.record(B, speculate, sum(v.nodes.numel() for v in verdicts), total)
+    policy.record(B, speculate, sum(v.nodes.numel() for v in verdicts), total, sampling)
     if speculate:
         rest = total - scored.verify_time - projected
         batch.step_cost = rest if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * rest
