@@ -117,11 +117,12 @@ class TreePolicy:
 
     # -- speculate or not, by batch size ------------------------------------------------------
     def speculate(self, batch_size: int, sampling: bool = False) -> bool:
-        """Whether this step drafts. One greedy prompt always does (``headway tune`` chose its tree
-        against the chains and, with ``--batch-sizes``, against plain decoding); a batch follows the tuned
+        """Whether this step drafts. One prompt always does unless a tuned table says otherwise
+        (``headway tune`` chose its trees against the chains, and with ``--batch-sizes 1`` against plain
+        decoding); a batch follows the tuned
         table, else what was measured (module docstring), greedy and sampling batches apart (a sampled
         chain is accepted less often than a greedy one)."""
-        if not self.batch_aware or (batch_size == 1 and not sampling and not self.by_batch):
+        if not self.batch_aware or (batch_size == 1 and not self.by_batch):
             return True
         if self.by_batch:
             known = [b for b in sorted(self.by_batch) if b <= batch_size] or [min(self.by_batch)]
