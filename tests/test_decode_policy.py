@@ -51,6 +51,15 @@ def test_a_batch_tries_both_then_keeps_the_faster_and_retries_the_other():
     assert p.speculate(8)
 
 
+def test_a_sampling_table_decides_sampled_batches():
+    """T>0 follows its own tuned table (sampled drafts are accepted less often); without one, T=0's."""
+    p = policy(by_batch={1: True, 8: False}, by_batch_sampling={1: False, 4: True})
+    assert p.speculate(1) and not p.speculate(1, sampling=True)  # one prompt too, when a table says so
+    assert p.speculate(4, sampling=True) and p.speculate(4)
+    assert not p.speculate(8) and p.speculate(8, sampling=True)
+    assert not policy(by_batch={1: True, 8: False}).speculate(8, sampling=True)
+
+
 def test_the_tuned_table_takes_the_nearest_smaller_size():
     p = policy(by_batch=batch_table({"1": True, "4": False, "16": True}))
     assert [p.speculate(b) for b in (1, 2, 4, 8, 16, 32)] == [True, True, False, False, True, True]

@@ -77,14 +77,21 @@ def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir):
     text = sample_texts(20_000)[0]
     prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(2)))
     cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=2, max_new_tokens=12,
-                     probe_depth=2, probe_rank=2, sizes=[2], finalists=1, repeats=1, batch_sizes=[1, 2])
+                     probe_depth=2, probe_rank=2, sizes=[2], finalists=1, repeats=1, batch_sizes=[1, 2],
+                     temperatures=[0.0, 1.0])
     report = tune(cfg, log=lambda m: None)
     side = report["by_batch_side_by_side"]
-    assert sorted(side) == [1, 2] and all(r["tokens_per_s"] > 0 and r["plain_tokens_per_s"] > 0 for r in side.values())
-    stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]["by_batch"]
-    assert stored == {str(b): side[b]["tokens_per_s"] >= side[b]["plain_tokens_per_s"] for b in side}
+    assert sorted(side) == [1, 2]
+    assert all(sorted(modes) == ["greedy", "sampling"] for modes in side.values())  # T=0 and T>0 measured apart
+    assert all(r["tokens_per_s"] > 0 and r["plain_tokens_per_s"] > 0 for m in side.values() for r in m.values())
+    decode = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
+    for key, mode in (("by_batch", "greedy"), ("by_batch_sampling", "sampling")):
+        assert decode[key] == {str(b): side[b][mode]["tokens_per_s"] >= side[b][mode]["plain_tokens_per_s"]
+                               for b in side}
     spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
+    stored = decode["by_batch"]
     assert spec.policy.by_batch == {int(b): v for b, v in stored.items()}
+    assert spec.policy.by_batch_sampling == {int(b): v for b, v in decode["by_batch_sampling"].items()}
     ids = tok(text[:200])["input_ids"]
     out = spec.generate_batch([ids, ids[:40]], max_new_tokens=10)
     ref = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()

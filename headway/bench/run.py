@@ -151,6 +151,7 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
                 method = HeadwayMethod("", Speculator(target, tokenizer, heads, tree=tree, sampling_tree=sampling,
                                                       calibrate=mode == "on", verify_logits=logits,
                                                       by_batch=batch_table(stored.get("by_batch")),
+                                                      by_batch_sampling=batch_table(stored.get("by_batch_sampling")),
                                                       batch_policy=policy, **cfg.runtime_kwargs()), str(path))
                 if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
                     continue  # the same drafts as the calibrated run: one row is enough

@@ -239,7 +239,12 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
         say(f"speculation against plain decoding at batch sizes {', '.join(map(str, cfg.batch_sizes))} ...")
         report["by_batch_side_by_side"] = measure_batch_cutover(spec, prompts, cfg.batch_sizes, cfg.max_new_tokens,
                                                                 cfg.temperatures, cfg.repeats)
-        report["by_batch"] = {str(b): r["speculate"] for b, r in report["by_batch_side_by_side"].items()}
+        side = report["by_batch_side_by_side"]
+        greedy_on = {str(b): r["greedy"]["speculate"] for b, r in side.items() if "greedy" in r}
+        sampled_on = {str(b): r["sampling"]["speculate"] for b, r in side.items() if "sampling" in r}
+        report["by_batch"] = greedy_on or sampled_on
+        if greedy_on and sampled_on:
+            report["by_batch_sampling"] = sampled_on
     if cfg.write:
         store_tree(Path(cfg.heads), report)
     if cfg.json_out:
@@ -250,28 +255,35 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
 @torch.inference_mode()
 def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int], max_new: int,
                           temperatures: list[float], repeats: int) -> dict[int, dict[str, Any]]:
-    """Per batch size: tokens/s of ``generate_batch`` speculating with the tuned trees and decoding
-    plainly (a tree of the root alone: the same step, kernels and cache), interleaved, summed over
-    ``temperatures``; ``speculate`` is whether the former was faster."""
-    saved = spec.policy.by_batch, spec.policy.batch_aware
+    """Per batch size, at T=0 (``greedy``) and above (``sampling``) apart: tokens/s of
+    ``generate_batch`` speculating with the tuned trees and decoding plainly (the same kernels and
+    cache, no drafts), interleaved, summed over the mode's ``temperatures``; ``speculate`` is whether
+    the former was faster."""
+    saved = spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware
+    modes = {"greedy": [t for t in temperatures if t <= 0], "sampling": [t for t in temperatures if t > 0]}
     out: dict[int, dict[str, Any]] = {}
     try:
+        spec.policy.by_batch_sampling, spec.policy.batch_aware = None, True
         for size in sizes:
             rows = [prompts[i % len(prompts)] for i in range(size)]
-            tps: dict[bool, list[float]] = {True: [], False: []}
-            for r in range(repeats + 1):  # the first round warms up
-                for mode in ((True, False) if r % 2 == 0 else (False, True)):
-                    spec.policy.by_batch, spec.policy.batch_aware = {1: mode}, True
-                    tokens, seconds = 0, 0.0
-                    for t in temperatures:
-                        res = spec.generate_batch(rows, max_new_tokens=max_new, temperature=t, seed=r)
-                        tokens, seconds = tokens + res.new_tokens, seconds + res.time_total
-                    if r:
-                        tps[mode].append(tokens / seconds)
-            on, off = statistics.median(tps[True]), statistics.median(tps[False])
-            out[size] = {"speculate": on >= off, "tokens_per_s": on, "plain_tokens_per_s": off}
+            out[size] = {}
+            for name, temps in modes.items():
+                if not temps:
+                    continue
+                tps: dict[bool, list[float]] = {True: [], False: []}
+                for r in range(repeats + 1):  # the first round warms up
+                    for on in ((True, False) if r % 2 == 0 else (False, True)):
+                        spec.policy.by_batch = {1: on}
+                        tokens, seconds = 0, 0.0
+                        for t in temps:
+                            res = spec.generate_batch(rows, max_new_tokens=max_new, temperature=t, seed=r)
+                            tokens, seconds = tokens + res.new_tokens, seconds + res.time_total
+                        if r:
+                            tps[on].append(tokens / seconds)
+                fast, slow = statistics.median(tps[True]), statistics.median(tps[False])
+                out[size][name] = {"speculate": fast >= slow, "tokens_per_s": fast, "plain_tokens_per_s": slow}
     finally:
-        spec.policy.by_batch, spec.policy.batch_aware = saved
+        spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware = saved
     return out
 
 
@@ -283,8 +295,10 @@ def store_tree(heads_dir: Path, report: dict[str, Any]) -> None:
               "side_by_side": report["side_by_side"], "calibrated": report.get("calibrated", False)}
     if report.get("sampling_tree", report["tree"]) != report["tree"]:  # else the tree serves both
         decode.update(sampling_tree=report["sampling_tree"], sampling_chosen=report["sampling_chosen"])
-    if "by_batch" in report:  # speculate or not, per batch size (decode/policy.py)
+    if "by_batch" in report:  # speculate or not, per batch size (decode/policy.py), at T=0 and above
         decode["by_batch"] = report["by_batch"]
+    if "by_batch_sampling" in report:
+        decode["by_batch_sampling"] = report["by_batch_sampling"]
     entries: dict[str, Any] = {"decode": decode}
     if "calibration" in report:  # fitted by tune: the tree was chosen with it, so they go together
         entries["calibration"] = {k: v for k, v in report["calibration"].items() if k != "summary"}
@@ -311,9 +325,10 @@ def tune_cli(cfg: TuneConfig) -> int:
             row += [f"{r[name]['tokens_per_s']:.1f}", f"{r[name]['tau']:.2f}"]
         table.add_row(*row)
     Console().print(table)
-    for size, r in report.get("by_batch_side_by_side", {}).items():
-        print(f"batch {size}: speculating {r['tokens_per_s']:.1f} tok/s, plain {r['plain_tokens_per_s']:.1f} tok/s "
-              f"-> {'speculate' if r['speculate'] else 'plain decoding'}")
+    for size, modes in report.get("by_batch_side_by_side", {}).items():
+        for name, r in modes.items():
+            print(f"batch {size} ({'T=0' if name == 'greedy' else 'T>0'}): speculating {r['tokens_per_s']:.1f} tok/s, "
+                  f"plain {r['plain_tokens_per_s']:.1f} tok/s -> {'speculate' if r['speculate'] else 'plain decoding'}")
     if cfg.write:
         print(f"stored in {Path(cfg.heads) / 'config.json'}: generate will use tree {chosen}")
     return 0

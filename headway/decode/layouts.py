@@ -1,6 +1,7 @@
 """The target cache of a decoding batch and what each step keeps of it (``decode/step.py``).
 
-Two layouts, one interface (``prefill``, ``tree_inputs``, ``keep``, ``select``):
+Two layouts, one interface (``prefill``, ``tree_inputs``, ``keep``, ``select``; a plain step:
+``plain_inputs``, ``keep_plain``):
 
 * ``OneRow``: one prompt. The cache is a plain ``DynamicCache`` or a preallocated ``StaticCache``;
   the tree's mask is ``kv.tree_mask`` and the accepted nodes move into place with
@@ -55,8 +56,20 @@ class OneRow:
         return (trees[0].tokens[None], (b.depth + P)[None],
                 tree_mask(b.visible, P, dtype, static_length(self.cache)))
 
+    def plain_inputs(self, roots: torch.Tensor, lengths: Sequence[int], dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A plain step's (tokens (1, 1), position ids (1, 1), mask): no mask over a dynamic cache (the
+        token sees all of it, as in HF generate); a static one hides the slots past it."""
+        static = static_length(self.cache)
+        mask = None if static is None else \
+            tree_mask(torch.ones(1, 1, dtype=torch.bool, device=roots.device), lengths[0], dtype, static)
+        return roots.view(1, 1), torch.tensor([[lengths[0]]], device=roots.device), mask
+
     def keep(self, verdicts: Sequence[Verdict], lengths: Sequence[int], width: int) -> None:
         keep_accepted(self.cache, lengths[0], width, verdicts[0].nodes)
+
+    def keep_plain(self) -> None:
+        pass  # the one new entry is already in place
 
     def select(self, keep: Sequence[int]) -> None:
         pass  # the only row stops: the generation ends with it
@@ -87,6 +100,18 @@ class PaddedRows:
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tokens, pos, vis = pad_trees(trees, lengths, pad)  # (B, N), (B, N), (B, N, N)
         return tokens, pos, additive(after_prefix(self.valid, vis), dtype)
+
+    def plain_inputs(self, roots: torch.Tensor, lengths: Sequence[int], dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A plain step's (tokens (B, 1), position ids (B, 1), mask (B, 1, 1, S + 1)): each row's
+        token sees the row's valid slots and itself."""
+        seen = torch.cat([self.valid, torch.ones_like(self.valid[:, :1])], dim=1)  # (B, S + 1)
+        pos = torch.tensor(list(lengths), device=roots.device)[:, None]
+        return roots[:, None], pos, additive(seen[:, None], dtype)
+
+    def keep_plain(self) -> None:
+        """The new slot is each row's one entry of the step: valid for every row."""
+        self.valid = torch.cat([self.valid, torch.ones_like(self.valid[:, :1])], dim=1)
 
     def keep(self, verdicts: Sequence[Verdict], lengths: Sequence[int], width: int) -> None:
         """The cache holds S slots + ``width`` tree slots per row: move row b's accepted nodes to its

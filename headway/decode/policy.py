@@ -7,8 +7,8 @@ per step from the live batch size: a tuned table (``headway tune --batch-sizes``
 fastest choice per batch size, stored with the heads) when there is one, else measurement during
 decoding: both modes' tokens per second at this batch size (the first steps try each; then the
 faster is used and the other re-tried now and then, since what is fastest drifts with context
-length). A plain step verifies a tree of one node (the root) and drafts nothing, so the output is
-the target's either way."""
+length). A plain step (``step.plain``) is one forward over each row's last token and drafts
+nothing, so the output is the target's either way."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ RETRY_EVERY = 24  # then the slower is tried again once per this many steps
 @dataclass
 class TreePolicy:
     """Tree shapes and the per-step choices. ``tree`` is drafted at T=0, ``sampling_tree`` above;
-    ``by_batch`` maps a batch size to ``True`` (speculate) or ``False`` (plain decoding), tuned;
-    sizes between tuned ones take the nearest smaller one. ``sampled_drafts``: at T > 0 a chain's
+    ``by_batch`` maps a batch size to ``True`` (speculate) or ``False`` (plain decoding), tuned at
+    T=0 (``by_batch_sampling``: above, where sampled drafts are accepted less often); sizes between
+    tuned ones take the nearest smaller one. ``sampled_drafts``: at T > 0 a chain's
     drafts are sampled from the drafter and verified by speculative sampling; ``typical``: Medusa's
     lossy typical acceptance (threshold, alpha)."""
 
@@ -89,6 +90,7 @@ class TreePolicy:
     sampled_drafts: bool = True
     typical: tuple[float, float] | None = None
     by_batch: dict[int, bool] | None = None
+    by_batch_sampling: dict[int, bool] | None = None  # the same above T=0 (None: ``by_batch`` serves both)
     batch_aware: bool = True  # False: always speculate (A/B)
     rates: dict[tuple[int, bool, bool], ModeRate] = field(default_factory=dict)  # (batch, sampling, drafted)
     verify_costs_by_threads: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -119,14 +121,14 @@ class TreePolicy:
     def speculate(self, batch_size: int, sampling: bool = False) -> bool:
         """Whether this step drafts. One prompt always does unless a tuned table says otherwise
         (``headway tune`` chose its trees against the chains, and with ``--batch-sizes 1`` against plain
-        decoding); a batch follows the tuned
-        table, else what was measured (module docstring), greedy and sampling batches apart (a sampled
-        chain is accepted less often than a greedy one)."""
-        if not self.batch_aware or (batch_size == 1 and not self.by_batch):
+        decoding); a batch follows the tuned table, else what was measured (module docstring); greedy
+        and sampling batches apart (a sampled chain is accepted less often than a greedy one)."""
+        table = self.by_batch_sampling if sampling and self.by_batch_sampling else self.by_batch
+        if not self.batch_aware or (batch_size == 1 and not table):
             return True
-        if self.by_batch:
-            known = [b for b in sorted(self.by_batch) if b <= batch_size] or [min(self.by_batch)]
-            return self.by_batch[known[-1]]
+        if table:
+            known = [b for b in sorted(table) if b <= batch_size] or [min(table)]
+            return table[known[-1]]
         key = (batch_size, sampling)
         on, off = self.rates.get((*key, True)), self.rates.get((*key, False))
         if on is None or on.steps < TRY_STEPS:
@@ -171,7 +173,8 @@ class TreePolicy:
 
 
 def batch_table(stored: Any) -> dict[int, bool] | None:
-    """``metadata["decode"]["by_batch"]`` ({"1": true, "8": false}) -> {1: True, 8: False}."""
+    """``metadata["decode"]["by_batch"]`` (or ``by_batch_sampling``) ({"1": true, "8": false}) ->
+    {1: True, 8: False}."""
     if not stored:
         return None
     return {int(k): bool(v) for k, v in dict(stored).items()}

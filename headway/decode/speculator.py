@@ -43,7 +43,7 @@ class Speculator:
                  calibrate: bool = True, heads_dtype: str | torch.dtype | None = "auto",
                  static_cache: bool = False, compile: bool = False, linear_kernel: str = "auto",
                  verify_logits: str = "auto", by_batch: dict[int, bool] | None = None,
-                 batch_policy: str = "auto") -> None:
+                 batch_policy: str = "auto", by_batch_sampling: dict[int, bool] | None = None) -> None:
         """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
         LOSSY (faster, but the output no longer follows the target's distribution); off by default.
         ``sampled_drafts``: at temperature > 0 a chain's drafts are drawn from the drafter's
@@ -71,9 +71,9 @@ class Speculator:
         CPU with the target's lm_head projected only at the nodes verification reads (``NodeLogits``;
         the same logits, ~tau rows instead of N), where the architecture's logits are its lm_head's
         output (checked once) and nothing is compiled; ``all`` projects every node. ``by_batch``:
-        speculate (True) or decode plainly (False) per batch size, as ``headway tune`` measured;
-        without it the choice is measured while decoding (``decode/policy.py``); ``batch_policy="always"``
-        drafts at every step of every batch (A/B, and tests that compare batched steps with unbatched ones)."""
+        speculate (True) or decode plainly (False) per batch size, as ``headway tune`` measured
+        (``by_batch_sampling``: above T=0, where it differs); without it the choice is measured
+        while decoding (``decode/policy.py``); ``batch_policy="always"`` drafts at every step of every batch (A/B, and tests that compare batched steps with unbatched ones)."""
         heads.check_tokenizer(tokenizer)  # ids must mean the tokens the heads were trained on
         self.tokenizer = tokenizer
         self.max_depth = max_depth
@@ -89,7 +89,7 @@ class Speculator:
         fitted = fit_tree(tree, proposer)
         self.policy = TreePolicy(fitted, fit_tree(sampling_tree, proposer) if sampling_tree is not None else fitted,
                                  self.runtime.max_positions, sampled_drafts, typical, by_batch,
-                                 batch_aware=batch_policy == "auto")
+                                 by_batch_sampling, batch_aware=batch_policy == "auto")
         self.hooks: list[StepHooks] = []  # called after every step (``step.StepHooks``), after the stats
         self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
         self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
@@ -136,7 +136,8 @@ class Speculator:
             tree, sampling_tree = stored.get("tree"), sampling_tree or stored.get("sampling_tree")
         spec = cls(target, tokenizer, heads, tree, max_depth, typical, sampling_tree=sampling_tree,
                    calibrate=calibrate, heads_dtype=heads_dtype, static_cache=static_cache, compile=compile,
-                   linear_kernel=linear_kernel, verify_logits=verify_logits, by_batch=batch_table(stored.get("by_batch")))
+                   linear_kernel=linear_kernel, verify_logits=verify_logits,
+                   by_batch=batch_table(stored.get("by_batch")), by_batch_sampling=batch_table(stored.get("by_batch_sampling")))
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 

@@ -1,8 +1,7 @@
 """One decode step for every batch size: draft -> verify -> accept -> commit.
 
     draft    every row's tree, rooted at its last emitted token: one drafter call per draft level
-             for all rows (or none: a plain step, when the policy says speculation does not pay
-             at this batch size; the tree is then the root alone)
+             for all rows
     verify   one target forward over every row's tree (B, N): tree masks, explicit position ids,
              the target's own cache object
     accept   per row, the longest path the target agrees with plus one bonus token: greedy,
@@ -10,6 +9,10 @@
              row with its own sampling parameters and its own generator
     commit   the cache keeps the accepted entries, the proposer sees the accepted path and the
              target's hidden states there, the rows' emitted tokens grow; stopped rows leave
+
+When the policy says speculation does not pay at this batch size, ``plain`` runs instead: one
+forward over each row's last token, as plain decoding does (no tree, no mask beyond the padding);
+the proposer catches up on those tokens when drafting resumes.
 
 ``generate`` is a batch of one (``layouts.OneRow``); ``generate_batch`` pads (``layouts.PaddedRows``).
 Randomness is an argument (each row's ``torch.Generator``), so tests can replay and bias it; timing
@@ -49,8 +52,6 @@ class Row:
     gen: torch.Generator
     max_new: int
     stats: GenerationStats = field(default_factory=GenerationStats)
-    # accepted paths the proposer has not seen yet (plain steps): (tokens, features, start)
-    pending: list[tuple[torch.Tensor, list[torch.Tensor], int]] = field(default_factory=list)
 
 
 @dataclass
@@ -62,12 +63,32 @@ class Batch:
     proposer: BatchProposer
     rows: list[Row]
     step_cost: float | None = None  # seconds of a step outside its verify (running mean): adaptive trees
+    skipped: "Skipped | None" = None  # plain steps the proposer has not seen yet
+
+
+@dataclass
+class Skipped:
+    """The plain steps since the proposer last saw the rows; it catches up on them, as one accepted
+    path per row, when drafting resumes (``_flush``). Per step: the rows' input tokens (B,) and the
+    target's states there, (B, H) per feature layer; ``last``: the latest step's next tokens (B,)."""
+
+    starts: list[int]  # each row's position of its first skipped token
+    tokens: list[torch.Tensor] = field(default_factory=list)
+    feats: list[list[torch.Tensor]] = field(default_factory=list)
+    last: torch.Tensor | None = None
+
+    def select(self, keep: Sequence[int]) -> None:
+        idx = torch.tensor(list(keep), dtype=torch.long, device=self.tokens[0].device)
+        self.starts = [self.starts[i] for i in keep]
+        self.tokens = [t[idx] for t in self.tokens]
+        self.feats = [[f[idx] for f in layers] for layers in self.feats]
+        self.last = self.last[idx] if self.last is not None else None
 
 
 @dataclass
 class Drafts:
     trees: list[DraftTree]
-    shape: TreeShape | None  # None: a plain step (every tree is its root)
+    shape: TreeShape
     draft_probs: list[torch.Tensor | None]  # per row (depth, V) when the chain's drafts were sampled
 
 
@@ -103,8 +124,11 @@ class RowScored:
 
 
 class StepHooks(Protocol):
-    def on_step(self, batch: Batch, scored: Scored, verdicts: Sequence[Verdict], new: Sequence[list[int]],
-                times: dict[str, float]) -> None: ...
+    """Called after every step with the batch as it entered the step. A plain step (no drafts)
+    passes ``scored`` and ``verdicts`` as None: each row took one target forward over one token."""
+
+    def on_step(self, batch: Batch, scored: Scored | None, verdicts: Sequence[Verdict] | None,
+                new: Sequence[list[int]], times: dict[str, float]) -> None: ...
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
@@ -112,19 +136,6 @@ def choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -
     if params.greedy:
         return logits.argmax(-1)
     return sample_from(processed_probs(logits, params), torch.rand((), generator=gen).to(logits.device))
-
-
-_ROOTS: dict[torch.device, tuple[TreeBuffers, torch.Tensor]] = {}
-
-
-def root_only(root: torch.Tensor) -> DraftTree:
-    """A plain step's tree: the root alone (verification then emits the target's next token). Its
-    buffers are built once per device: a plain step must cost no more than plain decoding."""
-    if root.device not in _ROOTS:
-        _ROOTS[root.device] = (TreeBuffers.build(torch.tensor([-1], device=root.device)),
-                               torch.full((1,), -1, dtype=torch.long, device=root.device))
-    buffers, draft_ids = _ROOTS[root.device]
-    return DraftTree(root.view(1), buffers, draft_ids)
 
 
 # -- prefill ------------------------------------------------------------------------------------
@@ -145,27 +156,22 @@ def prefill(rt: Runtime, ids: Sequence[list[int]], rows: Sequence[Row], proposer
 
 # -- draft --------------------------------------------------------------------------------------
 def _flush(batch: Batch) -> None:
-    """Tell the proposer the paths of the plain steps it skipped, as one longer accepted path."""
-    if not batch.rows[0].pending:
+    """Tell the proposer the paths of the plain steps it skipped: per row, one accepted path of the
+    skipped tokens then the latest next token, with the target's states at the skipped tokens."""
+    s, batch.skipped = batch.skipped, None
+    if s is None:
         return
-    paths, feats, starts = [], [], []
-    for r in batch.rows:
-        tokens = torch.cat([r.pending[0][0]] + [p[0][1:] for p in r.pending[1:]])
-        paths.append(tokens)
-        feats.append([torch.cat(layer) for layer in zip(*(p[1] for p in r.pending))])
-        starts.append(r.pending[0][2])
-        r.pending = []
-    batch.proposer.accept(paths, feats, starts)
+    tokens = torch.stack([*s.tokens, s.last], dim=1)  # (B, k + 1)
+    feats = [torch.stack(layer, dim=1) for layer in zip(*s.feats)]  # per layer (B, k, H)
+    batch.proposer.accept(list(tokens), [[f[b] for f in feats] for b in range(tokens.shape[0])], s.starts)
 
 
-def draft(rt: Runtime, policy: TreePolicy, batch: Batch, speculate: bool = True) -> Drafts:
+def draft(rt: Runtime, policy: TreePolicy, batch: Batch) -> Drafts:
     """Every row's tree (rooted at its last emitted token): one drafter call per draft level for
     all rows. Near the context's end a row's tree shrinks. At T > 0 with a chain shape the drafts
     are sampled (each row with its parameters and generator; a greedy row takes the drafter's argmax)."""
     dev = rt.device
     roots = torch.tensor([r.emitted[-1] for r in batch.rows], device=dev)
-    if not speculate:
-        return Drafts([root_only(roots[b]) for b in range(len(batch.rows))], None, [None] * len(batch.rows))
     _flush(batch)
     t_draft = time.perf_counter()
     sampling = any(not r.params.greedy for r in batch.rows)
@@ -210,7 +216,7 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
     lengths = [r.length for r in batch.rows]
     # up to PREFETCH_ROWS nodes cost one projection either way (and a walk off the first-child chain
     # would cost a second); a chain's rows go together; typical acceptance reads every node
-    lazy = len(trees) == 1 and trees[0].buffers.size > PREFETCH_ROWS and drafts.shape is not None \
+    lazy = len(trees) == 1 and trees[0].buffers.size > PREFETCH_ROWS \
         and not is_chain(drafts.shape) and policy.typical is None and rt.uses_lazy_logits()
     last = rt.num_layers  # its hidden states are the lm_head's input
     extra: dict[str, Any] = {}
@@ -284,11 +290,7 @@ def commit(batch: Batch, scored: Scored, verdicts: Sequence[Verdict], eos: set[i
     batch.kv.keep(verdicts, starts, width)
     paths = [torch.cat([t.tokens[v.nodes], v.bonus.view(1)]) for t, v in zip(trees, verdicts)]
     feats = [[f[v.nodes] for f in fs] for fs, v in zip(scored.features, verdicts)]
-    if scored.drafts.shape is not None:
-        batch.proposer.accept(paths, feats, starts)
-    else:
-        for r, p, f, s in zip(batch.rows, paths, feats, starts):
-            r.pending.append((p, f, s))
+    batch.proposer.accept(paths, feats, starts)
     news, finished, keep = [], [], []
     for i, (r, v, p) in enumerate(zip(batch.rows, verdicts, paths)):
         r.length += v.nodes.numel()
@@ -302,11 +304,58 @@ def commit(batch: Batch, scored: Scored, verdicts: Sequence[Verdict], eos: set[i
             finished.append(r)
         else:
             keep.append(i)
+    _leave(batch, finished, keep)
+    return news, finished
+
+
+def _leave(batch: Batch, finished: list[Row], keep: list[int]) -> None:
+    """The rows that stopped leave the cache, the proposer and the batch."""
     if finished:
         batch.kv.select(keep)
         batch.proposer.select(keep)
+        if batch.skipped is not None:
+            batch.skipped.select(keep)
         batch.rows = [batch.rows[i] for i in keep]
-    return news, finished
+
+
+# -- a plain step -------------------------------------------------------------------------------
+def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Tensor] = choose
+          ) -> tuple[list[list[int]], list[Row], float]:
+    """A step without drafts (the policy's choice at this batch size): one target forward over each
+    row's last token, which emits the target's own next token, as plain decoding does: no tree, no
+    verification, the cache entry already in place. The proposer sees these tokens when drafting
+    resumes (``Skipped``). Returns (each row's new tokens, the rows that stopped, forward seconds)."""
+    rows = batch.rows
+    roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
+    lengths = [r.length for r in rows]
+    tokens, pos, mask = batch.kv.plain_inputs(roots, lengths, rt.dtype)  # (B, 1), (B, 1), mask or None
+    _sync(rt.device)
+    t = time.perf_counter()
+    out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask)
+    _sync(rt.device)
+    seconds = time.perf_counter() - t
+    logits = out.logits[:, -1]  # (B, V)
+    if all(r.params.greedy for r in rows):
+        nxt = logits.argmax(-1)  # (B,)
+    else:
+        nxt = torch.stack([pick(logits[b], r.params, r.gen) for b, r in enumerate(rows)])
+    batch.kv.keep_plain()
+    s = batch.skipped = batch.skipped or Skipped(lengths)
+    s.tokens.append(roots)
+    s.feats.append([out.hidden_states[i][:, -1] for i in rt.layers])
+    s.last = nxt
+    news, finished, keep = [], [], []
+    for i, (r, tok) in enumerate(zip(rows, nxt.tolist())):
+        r.length += 1
+        r.emitted.append(tok)
+        r.stats.new_tokens = len(r.emitted)
+        news.append([tok])
+        if stopped(r, eos):
+            finished.append(r)
+        else:
+            keep.append(i)
+    _leave(batch, finished, keep)
+    return news, finished, seconds
 
 
 # -- the step -----------------------------------------------------------------------------------
@@ -318,8 +367,15 @@ def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
     B = len(rows)
     t0 = time.perf_counter()
     sampling = any(not r.params.greedy for r in rows)
-    speculate = policy.speculate(B, sampling)
-    drafts = draft(rt, policy, batch, speculate)
+    if not policy.speculate(B, sampling):
+        new, finished, seconds = plain(rt, batch, eos)
+        total = time.perf_counter() - t0
+        policy.record(B, False, B, total, sampling)
+        times = {"draft": 0.0, "verify": seconds, "bookkeeping": total - seconds, "total": total}
+        for h in hooks:
+            h.on_step(_View(rows, batch), None, None, new, times)
+        return rows, new, finished
+    drafts = draft(rt, policy, batch)
     t1 = time.perf_counter()
     scored = score(rt, policy, batch, drafts, pad)
     verdicts = accept(policy, batch, scored)
@@ -329,10 +385,9 @@ def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
     projected = sum(n.seconds for n in scored.node_logits)  # lm_head rows read by verification: the target's time
     times = {"draft": t1 - t0, "verify": scored.verify_time + projected,
              "bookkeeping": total - (t1 - t0) - scored.verify_time - projected, "total": total}
-    policy.record(B, speculate, sum(v.nodes.numel() for v in verdicts), total, sampling)
-    if speculate:
-        rest = total - scored.verify_time - projected
-        batch.step_cost = rest if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * rest
+    policy.record(B, True, sum(v.nodes.numel() for v in verdicts), total, sampling)
+    rest = total - scored.verify_time - projected
+    batch.step_cost = rest if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * rest
     for h in hooks:
         h.on_step(_View(rows, batch), scored, verdicts, new, times)
     return rows, new, finished
@@ -349,15 +404,19 @@ class RecordStats:
     """The hook that keeps every row's ``GenerationStats``: forwards, tree nodes, lm_head rows,
     accepted depths, and the step's times as each row lived through them."""
 
-    def on_step(self, batch: Any, scored: Scored, verdicts: Sequence[Verdict], new: Sequence[list[int]],
-                times: dict[str, float]) -> None:
-        for b, (r, v) in enumerate(zip(batch.rows, verdicts)):
+    def on_step(self, batch: Any, scored: Scored | None, verdicts: Sequence[Verdict] | None,
+                new: Sequence[list[int]], times: dict[str, float]) -> None:
+        for b, r in enumerate(batch.rows):
             s = r.stats
-            nodes = scored.drafts.trees[b].buffers.size
             s.target_forwards += 1
-            s.tree_nodes += nodes
-            s.projected_rows += len(scored.node_logits[b].rows) if scored.node_logits[b].lazy else nodes
-            _record_depths(s, v)
+            if scored is None or verdicts is None:  # a plain step: one token, one lm_head row
+                s.tree_nodes += 1
+                s.projected_rows += 1
+            else:
+                nodes = scored.drafts.trees[b].buffers.size
+                s.tree_nodes += nodes
+                s.projected_rows += len(scored.node_logits[b].rows) if scored.node_logits[b].lazy else nodes
+                _record_depths(s, verdicts[b])
             s.time_draft += times["draft"]
             s.time_verify += times["verify"]
             s.time_bookkeeping += times["bookkeeping"]
