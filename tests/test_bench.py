@@ -410,3 +410,16 @@ def test_batch_size_benches_sampling_and_the_same_kernel_baseline(folders, tmp_p
         assert (e["exact_match"] is None) == (e["temperature"] > 0)
         assert e["speedup_same_kernel"] > 0 and e["tokens_per_s_per_row"] == pytest.approx(e["tokens_per_s"] / 2)
     assert rows[2]["exact_match"] == 1.0 and rows[1]["speedup_same_kernel"] == 1.0
+    # no tuned table: at batch 2 the choice is measured while decoding; the baselines draft nothing
+    assert [e["tree_at_batch"] for e in rows] == [None, None, "measured"] * 2
+
+
+def test_batched_rows_name_the_tree_a_tuned_table_picks(folders):
+    from headway.bench.batched import tree_at_batch
+    from headway.bench.methods import HeadwayMethod
+    from headway.decode import Speculator
+
+    spec = Speculator.from_pretrained(str(folders / "target"), str(folders / "eagle3"), tree="chain-3")
+    spec.policy.by_batch = {1: True, 2: spec.fit_tree("chain-1"), 4: False}
+    m = HeadwayMethod("eagle3", spec, str(folders / "eagle3"))
+    assert [tree_at_batch(m, b, 0.0) for b in (1, 2, 3, 4, 8)] == ["chain-3", "chain-1", "chain-1", "plain", "plain"]

@@ -60,6 +60,15 @@ def test_a_sampling_table_decides_sampled_batches():
     assert not policy(by_batch={1: True, 8: False}).speculate(8, sampling=True)
 
 
+def test_a_table_tree_is_drafted_at_its_batch_size():
+    """A tuned entry may name the tree that was fastest at that size: larger batches draft smaller trees."""
+    p = policy(by_batch=batch_table({"1": True, "4": "chain-1", "8": False}))
+    assert p.shape_for(100, False, 1).depth == 3  # True: the default tree
+    assert p.speculate(4) and p.shape_for(100, False, 6).depth == 1
+    assert not p.speculate(8)
+    assert p.shape_for(0, False, 4).depth == 0 and p.largest_size() == 4  # the default chain-3: 4 nodes
+
+
 def test_the_tuned_table_takes_the_nearest_smaller_size():
     p = policy(by_batch=batch_table({"1": True, "4": False, "16": True}))
     assert [p.speculate(b) for b in (1, 2, 4, 8, 16, 32)] == [True, True, False, False, True, True]
@@ -68,7 +77,7 @@ def test_the_tuned_table_takes_the_nearest_smaller_size():
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash", "medusa"])
-@pytest.mark.parametrize("table", [{1: False}, {1: True, 3: False}, {1: False, 3: True}])
+@pytest.mark.parametrize("table", [{1: False}, {1: True, 3: False}, {1: False, 3: True}, {1: "chain-1", 3: "chain-3"}])
 def test_switching_between_plain_and_drafted_steps_stays_exact(llama, batch, kind, table):  # noqa: F811
     """Rows leave as they stop, so the batch size crosses the table's cut-over mid-generation: the
     proposer then catches up on the paths of the plain steps it skipped, in one call."""

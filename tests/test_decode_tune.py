@@ -84,14 +84,20 @@ def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir):
     assert sorted(side) == [1, 2]
     assert all(sorted(modes) == ["greedy", "sampling"] for modes in side.values())  # T=0 and T>0 measured apart
     assert all(r["tokens_per_s"] > 0 and r["plain_tokens_per_s"] > 0 for m in side.values() for r in m.values())
+    # one prompt: the tuned tree against plain decoding; two: the short chains too
+    assert sorted(side[1]["greedy"]["candidates"]) == sorted(["plain", report["tree"]])
+    assert {"plain", "chain-1", "chain-2"} <= set(side[2]["greedy"]["candidates"])
     decode = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
-    for key, mode in (("by_batch", "greedy"), ("by_batch_sampling", "sampling")):
-        assert decode[key] == {str(b): side[b][mode]["tokens_per_s"] >= side[b][mode]["plain_tokens_per_s"]
-                               for b in side}
+    for key, mode, tree in (("by_batch", "greedy", report["tree"]), ("by_batch_sampling", "sampling",
+                                                                      report["sampling_tree"])):
+        for b in side:
+            rates = side[b][mode]["candidates"]
+            best = max(rates, key=rates.get)
+            assert decode[key][str(b)] == (False if best == "plain" else True if best == tree else best)
     spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
-    stored = decode["by_batch"]
-    assert spec.policy.by_batch == {int(b): v for b, v in stored.items()}
-    assert spec.policy.by_batch_sampling == {int(b): v for b, v in decode["by_batch_sampling"].items()}
+    for table, key in ((spec.policy.by_batch, "by_batch"), (spec.policy.by_batch_sampling, "by_batch_sampling")):
+        assert {b: v if isinstance(v, bool) else shape_spec(v) for b, v in table.items()} == \
+            {int(b): v for b, v in decode[key].items()}
     ids = tok(text[:200])["input_ids"]
     out = spec.generate_batch([ids, ids[:40]], max_new_tokens=10)
     ref = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..kernels import LinearKernels
 from .configs import BenchConfig
-from .methods import HeadwayMethod, HFMethod, stop_ids_of
+from .methods import HeadwayMethod, HFMethod, stop_ids_of, tree_spec
 
 
 @dataclass
@@ -123,7 +123,8 @@ def _measure_at(target: nn.Module, methods: Sequence[HeadwayMethod], prompts: Se
             seconds = sum(run.seconds for _, _, run in runs[i])
             entries.append({
                 "temperature": temperature, "batch_size": size, "name": name, "kind": m.kind if m else hf[i][1],
-                "tree": m.tree if m else None, "heads": m.heads_path if m else None,
+                "tree": m.tree if m else None, "tree_at_batch": tree_at_batch(m, size, temperature) if m else None,
+                "heads": m.heads_path if m else None,
                 "tokens_per_s": statistics.median(rates.values()),
                 "tokens_per_s_per_row": statistics.median(rates.values()) / size,
                 "tokens_per_s_by_repeat": [rates[r] for r in sorted(rates)],
@@ -134,6 +135,18 @@ def _measure_at(target: nn.Module, methods: Sequence[HeadwayMethod], prompts: Se
                 "exact_match": sum(ids == ref for ids, ref in rows) / len(rows) if temperature == 0 else None,
                 "rows": len(rows), "new_tokens": new, "seconds": seconds})
     return entries
+
+
+def tree_at_batch(method: HeadwayMethod, size: int, temperature: float) -> str:
+    """What the method drafts at a batch of ``size`` rows: a tree (the tuned table's, or the method's),
+    ``plain`` (the table says plain decoding) or ``measured`` (no table: chosen while decoding)."""
+    policy = method.speculator.policy
+    sampling = temperature > 0
+    if policy.batch_aware and policy.tuned(size, sampling) is None and size > 1:
+        return "measured"
+    if not policy.speculate(size, sampling):
+        return "plain"
+    return tree_spec(policy.shape_for(1 << 30, sampling, size))
 
 
 def _rates(runs: Sequence[tuple[int, list[int], BatchRun]]) -> dict[int, float]:
@@ -154,19 +167,20 @@ def render_batched(report: dict[str, Any]) -> Any:
     s = report["settings"]
     title = (f"headway bench --batch-size: {report['prompts']['count']} prompts × {s['max_new_tokens']} new tokens "
              f"× {s['repeats']} repeats")
-    caption = ("speedup = median per-repeat ratio to HF generate (left-padded batch) at the same batch size; "
+    caption = ("drafts = the tree drafted at this batch size (plain: none; measured: chosen while decoding) · "
+               "speedup = median per-repeat ratio to HF generate (left-padded batch) at the same batch size; "
                "vs same kernel: to HF generate with headway's linear kernel (hf-weight-major) · τ = new tokens / "
                "(row, target forward) pairs, prefill included · exact = rows equal to the target's unbatched "
                "greedy output (T=0)")
     table = Table(title=title, caption=caption, caption_justify="left")
-    for col in ("T", "batch", "method", "tok/s", "tok/s/row", "speedup", "vs same kernel", "τ", "exact"):
-        table.add_column(col, justify="left" if col == "method" else "right", no_wrap=col == "method")
+    for col in ("T", "batch", "method", "drafts", "tok/s", "tok/s/row", "speedup", "vs same kernel", "τ", "exact"):
+        table.add_column(col, justify="left" if col in ("method", "drafts") else "right", no_wrap=col == "method")
     for e in report["batched"]:
         exact = e.get("exact_match")
         style = "red" if exact is not None and exact < 1 and not e["kind"].startswith("hf_") else None
         same = e.get("speedup_same_kernel")
         table.add_row(f"{e.get('temperature', 0.0):g}", str(e["batch_size"]), escape(e["name"]),
-                      f"{e['tokens_per_s']:.1f}", f"{e.get('tokens_per_s_per_row', 0.0):.1f}", f"{e['speedup']:.2f}×",
+                      escape(e.get("tree_at_batch") or "-"), f"{e['tokens_per_s']:.1f}", f"{e.get('tokens_per_s_per_row', 0.0):.1f}", f"{e['speedup']:.2f}×",
                       "-" if same is None else f"{same:.2f}×", f"{e['tau']:.2f}",
                       "-" if exact is None else f"{exact:.0%}", style=style)
     return table

@@ -240,8 +240,8 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
         report["by_batch_side_by_side"] = measure_batch_cutover(spec, prompts, cfg.batch_sizes, cfg.max_new_tokens,
                                                                 cfg.temperatures, cfg.repeats)
         side = report["by_batch_side_by_side"]
-        greedy_on = {str(b): r["greedy"]["speculate"] for b, r in side.items() if "greedy" in r}
-        sampled_on = {str(b): r["sampling"]["speculate"] for b, r in side.items() if "sampling" in r}
+        greedy_on = {str(b): r["greedy"]["entry"] for b, r in side.items() if "greedy" in r}
+        sampled_on = {str(b): r["sampling"]["entry"] for b, r in side.items() if "sampling" in r}
         report["by_batch"] = greedy_on or sampled_on
         if greedy_on and sampled_on:
             report["by_batch_sampling"] = sampled_on
@@ -252,13 +252,28 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     return report
 
 
+BATCH_CHAINS = (1, 2, 3)  # the chains tried at every batch size beside the tuned tree and plain decoding
+
+
+def batch_candidates(spec: Speculator, sampling: bool, size: int) -> dict[str, bool | str]:
+    """Name -> the batch table's entry: plain decoding (False), the tuned tree (True) and, above one
+    prompt, the short chains (a B-row verify costs more, so a smaller tree may win). One prompt
+    compares the tuned tree with plain decoding only: the tree was already chosen against the chains."""
+    out: dict[str, bool | str] = {"plain": False, shape_spec(spec.tree_for(1.0 if sampling else 0.0)): True}
+    if size > 1:
+        for depth in BATCH_CHAINS:
+            name = shape_spec(spec.fit_tree(chain(depth)))
+            out.setdefault(name, name)
+    return out
+
+
 @torch.inference_mode()
 def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int], max_new: int,
                           temperatures: list[float], repeats: int) -> dict[int, dict[str, Any]]:
     """Per batch size, at T=0 (``greedy``) and above (``sampling``) apart: tokens/s of
-    ``generate_batch`` speculating with the tuned trees and decoding plainly (the same kernels and
-    cache, no drafts), interleaved, summed over the mode's ``temperatures``; ``speculate`` is whether
-    the former was faster."""
+    ``generate_batch`` with each candidate (``batch_candidates``: plain decoding on the same kernels
+    and cache, the tuned tree, short chains), interleaved, summed over the mode's ``temperatures``.
+    ``entry`` is the fastest candidate's table entry, ``speculate`` whether it drafts."""
     saved = spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware
     modes = {"greedy": [t for t in temperatures if t <= 0], "sampling": [t for t in temperatures if t > 0]}
     out: dict[int, dict[str, Any]] = {}
@@ -270,18 +285,25 @@ def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int]
             for name, temps in modes.items():
                 if not temps:
                     continue
-                tps: dict[bool, list[float]] = {True: [], False: []}
+                cands = batch_candidates(spec, name == "sampling", size)
+                tps: dict[str, list[float]] = {c: [] for c in cands}
                 for r in range(repeats + 1):  # the first round warms up
-                    for on in ((True, False) if r % 2 == 0 else (False, True)):
-                        spec.policy.by_batch = {1: on}
+                    order = list(cands)[r % len(cands):] + list(cands)[:r % len(cands)]
+                    for c in order:
+                        entry = cands[c]
+                        spec.policy.by_batch = {1: entry if isinstance(entry, bool) else spec.fit_tree(entry)}
                         tokens, seconds = 0, 0.0
                         for t in temps:
                             res = spec.generate_batch(rows, max_new_tokens=max_new, temperature=t, seed=r)
                             tokens, seconds = tokens + res.new_tokens, seconds + res.time_total
                         if r:
-                            tps[on].append(tokens / seconds)
-                fast, slow = statistics.median(tps[True]), statistics.median(tps[False])
-                out[size][name] = {"speculate": fast >= slow, "tokens_per_s": fast, "plain_tokens_per_s": slow}
+                            tps[c].append(tokens / seconds)
+                rates = {c: statistics.median(v) for c, v in tps.items()}
+                best = max(rates, key=lambda c: rates[c])
+                fastest = max((c for c in rates if c != "plain"), key=lambda c: rates[c])
+                out[size][name] = {"entry": cands[best], "speculate": cands[best] is not False,
+                                   "tree": None if best == "plain" else best, "tokens_per_s": rates[fastest],
+                                   "plain_tokens_per_s": rates["plain"], "candidates": rates}
     finally:
         spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware = saved
     return out
@@ -327,8 +349,8 @@ def tune_cli(cfg: TuneConfig) -> int:
     Console().print(table)
     for size, modes in report.get("by_batch_side_by_side", {}).items():
         for name, r in modes.items():
-            print(f"batch {size} ({'T=0' if name == 'greedy' else 'T>0'}): speculating {r['tokens_per_s']:.1f} tok/s, "
-                  f"plain {r['plain_tokens_per_s']:.1f} tok/s -> {'speculate' if r['speculate'] else 'plain decoding'}")
+            rates = ", ".join(f"{c} {v:.1f}" for c, v in r["candidates"].items())
+            print(f"batch {size} ({'T=0' if name == 'greedy' else 'T>0'}): {rates} tok/s -> {r['tree'] or 'plain decoding'}")
     if cfg.write:
         print(f"stored in {Path(cfg.heads) / 'config.json'}: generate will use tree {chosen}")
     return 0

@@ -3,7 +3,7 @@ leading row dimension, driven by a ``BatchProposer`` (one drafter call per draft
 
 Each row gets the tree its unbatched run would build from the same draft distributions: the same
 top-k, the same cumulative scores and the same ``select_tree``. Rows may need different shapes
-only near the context window (``Speculator._shape_for`` shrinks the depth):
+only near the context window (``TreePolicy.shape_for`` shrinks the depth):
 
 * static: a truncated shape is a prefix of the full one in node order (nodes are sorted by depth,
   then rank path), and a node's draft depends only on its ancestors, so the largest shape is drafted

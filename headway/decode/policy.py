@@ -78,9 +78,10 @@ RETRY_EVERY = 24  # then the slower is tried again once per this many steps
 @dataclass
 class TreePolicy:
     """Tree shapes and the per-step choices. ``tree`` is drafted at T=0, ``sampling_tree`` above;
-    ``by_batch`` maps a batch size to ``True`` (speculate) or ``False`` (plain decoding), tuned at
-    T=0 (``by_batch_sampling``: above, where sampled drafts are accepted less often); sizes between
-    tuned ones take the nearest smaller one. ``sampled_drafts``: at T > 0 a chain's
+    ``by_batch`` maps a batch size to ``False`` (plain decoding), ``True`` (speculate with ``tree``)
+    or the tree that was fastest at that size (a B-row verify costs more, so smaller trees win as B
+    grows), tuned at T=0 (``by_batch_sampling``: above, where sampled drafts are accepted less
+    often); sizes between tuned ones take the nearest smaller one. ``sampled_drafts``: at T > 0 a chain's
     drafts are sampled from the drafter and verified by speculative sampling; ``typical``: Medusa's
     lossy typical acceptance (threshold, alpha)."""
 
@@ -89,8 +90,8 @@ class TreePolicy:
     max_positions: int
     sampled_drafts: bool = True
     typical: tuple[float, float] | None = None
-    by_batch: dict[int, bool] | None = None
-    by_batch_sampling: dict[int, bool] | None = None  # the same above T=0 (None: ``by_batch`` serves both)
+    by_batch: dict[int, bool | TreeShape] | None = None
+    by_batch_sampling: dict[int, bool | TreeShape] | None = None  # the same above T=0 (None: ``by_batch`` serves both)
     batch_aware: bool = True  # False: always speculate (A/B)
     rates: dict[tuple[int, bool, bool], ModeRate] = field(default_factory=dict)  # (batch, sampling, drafted)
     verify_costs_by_threads: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -101,10 +102,12 @@ class TreePolicy:
         """The shape drafted at this temperature (``tree`` at 0, ``sampling_tree`` above)."""
         return self.tree if temperature <= 0 else self.sampling_tree
 
-    def shape_for(self, room: int, sampling: bool = False) -> TreeShape:
-        """The tree for the mode, shrunk so that its deepest node stays inside the context window
-        (``room``: positions left after the root)."""
-        tree = self.sampling_tree if sampling else self.tree
+    def shape_for(self, room: int, sampling: bool = False, batch_size: int = 1) -> TreeShape:
+        """The tree for the mode and batch size, shrunk so that its deepest node stays inside the
+        context window (``room``: positions left after the root)."""
+        tree = self.tuned(batch_size, sampling)
+        if not isinstance(tree, (StaticShape, DynamicShape)):
+            tree = self.sampling_tree if sampling else self.tree
         if room >= tree.depth:
             return tree
         key = (room, id(tree))
@@ -123,12 +126,13 @@ class TreePolicy:
         (``headway tune`` chose its trees against the chains, and with ``--batch-sizes 1`` against plain
         decoding); a batch follows the tuned table, else what was measured (module docstring); greedy
         and sampling batches apart (a sampled chain is accepted less often than a greedy one)."""
-        table = self.by_batch_sampling if sampling and self.by_batch_sampling else self.by_batch
-        if not self.batch_aware or (batch_size == 1 and not table):
+        if not self.batch_aware:
             return True
-        if table:
-            known = [b for b in sorted(table) if b <= batch_size] or [min(table)]
-            return table[known[-1]]
+        tuned = self.tuned(batch_size, sampling)
+        if tuned is not None:
+            return tuned is not False
+        if batch_size == 1:
+            return True
         key = (batch_size, sampling)
         on, off = self.rates.get((*key, True)), self.rates.get((*key, False))
         if on is None or on.steps < TRY_STEPS:
@@ -139,6 +143,20 @@ class TreePolicy:
         self._steps[key] = step + 1
         faster = on.rate >= off.rate
         return (not faster) if step % RETRY_EVERY == RETRY_EVERY - 1 else faster
+
+    def tuned(self, batch_size: int, sampling: bool) -> bool | TreeShape | None:
+        """The tuned table's entry for this batch size (the nearest smaller size's), or None."""
+        table = self.by_batch_sampling if sampling and self.by_batch_sampling else self.by_batch
+        if not table or not self.batch_aware:
+            return None
+        known = [b for b in sorted(table) if b <= batch_size] or [min(table)]
+        return table[known[-1]]
+
+    def largest_size(self) -> int:
+        """Nodes of the largest tree this policy may draft (a static cache leaves room for it)."""
+        tables = [t for t in (self.by_batch, self.by_batch_sampling) if t]
+        return max([self.tree.size, self.sampling_tree.size] +
+                   [v.size for t in tables for v in t.values() if not isinstance(v, bool)])
 
     def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float, sampling: bool = False) -> None:
         """One step's outcome: ``tokens`` emitted over all rows in ``seconds`` of wall time."""
@@ -172,10 +190,17 @@ class TreePolicy:
         return size_for
 
 
-def batch_table(stored: Any) -> dict[int, bool] | None:
-    """``metadata["decode"]["by_batch"]`` (or ``by_batch_sampling``) ({"1": true, "8": false}) ->
-    {1: True, 8: False}."""
+def batch_table(stored: Any) -> dict[int, bool | TreeShape] | None:
+    """``metadata["decode"]["by_batch"]`` (or ``by_batch_sampling``) ({"1": "measured-16", "4": "chain-2",
+    "8": false}) -> {1: <tree>, 4: <chain-2>, 8: False}: a tree spec becomes the tree, true means
+    the default tree, false plain decoding."""
     if not stored:
         return None
-    return {int(k): bool(v) for k, v in dict(stored).items()}
+    return {int(k): parse_shape(v) if isinstance(v, str) else bool(v) for k, v in dict(stored).items()}
 
+
+def fitted_table(table: dict[int, Any] | None, proposer: Proposer) -> dict[int, bool | TreeShape] | None:
+    """A batch table whose trees (shapes or spec strings) the proposer can draft (``fit_tree``)."""
+    if not table:
+        return None
+    return {int(b): v if isinstance(v, bool) else fit_tree(v, proposer) for b, v in table.items()}

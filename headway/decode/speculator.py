@@ -21,7 +21,7 @@ from ..heads.metadata import adapter_dir
 from ..tokenizer import encode_prompt
 from .args import DecodeError, check_decode_args
 from .batch_proposers import BatchProposer, RowsProposer, make_batch_proposer
-from .policy import TreePolicy, batch_table, drafts_per_token, fit_tree
+from .policy import TreePolicy, batch_table, drafts_per_token, fit_tree, fitted_table
 from .proposers import hidden_index, make_proposer
 from .runtime import Runtime
 from .sampling import SamplingParams
@@ -42,8 +42,8 @@ class Speculator:
                  sampled_drafts: bool = True, sampling_tree: TreeShape | str | None = None,
                  calibrate: bool = True, heads_dtype: str | torch.dtype | None = "auto",
                  static_cache: bool = False, compile: bool = False, linear_kernel: str = "auto",
-                 verify_logits: str = "auto", by_batch: dict[int, bool] | None = None,
-                 batch_policy: str = "auto", by_batch_sampling: dict[int, bool] | None = None) -> None:
+                 verify_logits: str = "auto", by_batch: dict[int, Any] | None = None,
+                 batch_policy: str = "auto", by_batch_sampling: dict[int, Any] | None = None) -> None:
         """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
         LOSSY (faster, but the output no longer follows the target's distribution); off by default.
         ``sampled_drafts``: at temperature > 0 a chain's drafts are drawn from the drafter's
@@ -71,7 +71,8 @@ class Speculator:
         CPU with the target's lm_head projected only at the nodes verification reads (``NodeLogits``;
         the same logits, ~tau rows instead of N), where the architecture's logits are its lm_head's
         output (checked once) and nothing is compiled; ``all`` projects every node. ``by_batch``:
-        speculate (True) or decode plainly (False) per batch size, as ``headway tune`` measured
+        per batch size, decode plainly (False), speculate with ``tree`` (True) or with the tree
+        given there (a shape or its spec, e.g. ``"chain-2"``), as ``headway tune`` measured
         (``by_batch_sampling``: above T=0, where it differs); without it the choice is measured
         while decoding (``decode/policy.py``); ``batch_policy="always"`` drafts at every step of every batch (A/B, and tests that compare batched steps with unbatched ones)."""
         heads.check_tokenizer(tokenizer)  # ids must mean the tokens the heads were trained on
@@ -88,8 +89,9 @@ class Speculator:
             sampling_tree = chain(4)
         fitted = fit_tree(tree, proposer)
         self.policy = TreePolicy(fitted, fit_tree(sampling_tree, proposer) if sampling_tree is not None else fitted,
-                                 self.runtime.max_positions, sampled_drafts, typical, by_batch,
-                                 by_batch_sampling, batch_aware=batch_policy == "auto")
+                                 self.runtime.max_positions, sampled_drafts, typical,
+                                 fitted_table(by_batch, proposer), fitted_table(by_batch_sampling, proposer),
+                                 batch_aware=batch_policy == "auto")
         self.hooks: list[StepHooks] = []  # called after every step (``step.StepHooks``), after the stats
         self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
         self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
@@ -137,7 +139,8 @@ class Speculator:
         spec = cls(target, tokenizer, heads, tree, max_depth, typical, sampling_tree=sampling_tree,
                    calibrate=calibrate, heads_dtype=heads_dtype, static_cache=static_cache, compile=compile,
                    linear_kernel=linear_kernel, verify_logits=verify_logits,
-                   by_batch=batch_table(stored.get("by_batch")), by_batch_sampling=batch_table(stored.get("by_batch_sampling")))
+                   by_batch=batch_table(stored.get("by_batch")),
+                   by_batch_sampling=batch_table(stored.get("by_batch_sampling")))
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
@@ -239,7 +242,7 @@ class Speculator:
         if self.runtime.static_cache:
             if max_new_tokens is None:
                 raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
-            length = len(ids) + max_new_tokens + max(self.tree.size, self.sampling_tree.size)
+            length = len(ids) + max_new_tokens + self.policy.largest_size()
         return prefill(self.runtime, [ids], [row], RowsProposer([self.new_proposer()]), self._pad(), length,
                        self._choose)
 
@@ -383,7 +386,7 @@ class Speculator:
         t_start = time.perf_counter()
         length = None
         if self.runtime.static_cache and len(ids) == 1:
-            length = len(ids[0]) + rows[0].max_new + max(self.tree.size, self.sampling_tree.size)
+            length = len(ids[0]) + rows[0].max_new + self.policy.largest_size()
         batch = prefill(self.runtime, ids, rows, self.new_batch_proposer(len(ids)), self._pad(), length)
         _sync(self.device)
         t_prefill = time.perf_counter() - t_start

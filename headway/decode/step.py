@@ -175,7 +175,7 @@ def draft(rt: Runtime, policy: TreePolicy, batch: Batch) -> Drafts:
     _flush(batch)
     t_draft = time.perf_counter()
     sampling = any(not r.params.greedy for r in batch.rows)
-    shapes = [policy.shape_for(rt.max_positions - 1 - r.length, sampling) for r in batch.rows]
+    shapes = [policy.shape_for(rt.max_positions - 1 - r.length, sampling, len(batch.rows)) for r in batch.rows]
     bp = batch.proposer
     single = bp.rows[0] if isinstance(bp, RowsProposer) and len(batch.rows) == 1 else None
     sampled = [policy.samples_chain(r.params, s) for r, s in zip(batch.rows, shapes)]
