@@ -271,7 +271,8 @@ class Speculator:
         forked = RowsProposer([p.fork() for p in proposer.rows]) if isinstance(proposer, RowsProposer) else None
         if forked is None or not hasattr(state.kv, "fork"):
             raise DecodeError("only a one-prompt decode state can be forked")
-        return Batch(state.kv.fork(), forked, [copy.deepcopy(r) for r in state.rows], state.step_cost)
+        skipped = copy.deepcopy(state.skipped)  # plain steps the proposer has not seen: the copy's too
+        return Batch(state.kv.fork(), forked, [copy.deepcopy(r) for r in state.rows], state.step_cost, skipped)
 
     # -- generation ---------------------------------------------------------------------------
     def stream(self, prompt: Any, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
