@@ -8,7 +8,7 @@ import torch
 from headway.data.features import target_features
 from headway.heads import Eagle3Drafter
 from headway.testing import MORE_ARCHITECTURES, tiny_target
-from headway.train.batch import collate, target_batch
+from headway.train.batch import collate, lm_head_logits, logit_transform, target_batch
 from headway.train.ttt import eagle3_ttt_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
@@ -33,6 +33,24 @@ def test_routes_agree(arch):
     if cap is not None:  # Gemma 2: the logits are the lm_head's output, soft-capped
         projected = torch.tanh(projected / cap) * cap
     torch.testing.assert_close(projected, full.logits, rtol=1e-4, atol=1e-4)
+    # offline: the stored final state through StoredLogits with the target's own transform
+    offline = lm_head_logits(model.get_output_embeddings())
+    offline.transform = logit_transform(model.config)
+    assert (offline.transform is None) == (cap is None)
+    logits, _ = offline(stored["final"].reshape(-1, stored["final"].shape[-1]))
+    torch.testing.assert_close(logits, full.logits.reshape(logits.shape), rtol=1e-4, atol=1e-4)
+
+
+def test_logit_transforms_are_reproduced_or_refused():
+    from types import SimpleNamespace as NS
+
+    x = torch.tensor([-100.0, -1.0, 0.0, 2.0, 100.0])
+    torch.testing.assert_close(logit_transform(NS(final_logit_softcapping=30.0))(x), torch.tanh(x / 30) * 30)
+    torch.testing.assert_close(logit_transform(NS(logit_scale=0.0625))(x), x * 0.0625)  # Cohere
+    torch.testing.assert_close(logit_transform(NS(logits_scaling=8.0))(x), x / 8)  # Granite
+    assert logit_transform(NS(logit_scale=1.0)) is None and logit_transform(NS()) is None
+    with pytest.raises(ValueError, match="final_logit_softcapping=30.0 and logits_scaling=8.0"):
+        logit_transform(NS(final_logit_softcapping=30.0, logits_scaling=8.0))
 
 
 def test_eagle3_step_on_mixtral_reaches_every_parameter():

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -141,6 +141,7 @@ class StoredLogits:
             rows = None  # every row, in order: the plain projection
         self.rows = rows.to(self.weight.device) if rows is not None else None
         self.top, self.chunk = top, chunk
+        self.transform: Callable[[Tensor], Tensor] | None = None  # the target's own (``logit_transform``)
         if self.rows is not None and top != "logits":  # only these rows are ever projected
             self.part = self.weight[self.rows]  # (R, H)
             self.part_bias = self.bias[self.rows] if self.bias is not None else None
@@ -172,11 +173,38 @@ class StoredLogits:
             else:
                 logits = nn.functional.linear(x, self.part, self.part_bias)  # (N, R)
                 top = None
+            if self.transform is not None:  # monotonic: the argmax above stands
+                logits = self.transform(logits)
             if self.top == "data":
                 if next_ids is None:
                     raise ValueError("top='data' needs the data's next tokens")
                 top = next_ids.to(logits.device)
             return logits, top
+
+
+def logit_transform(config: Any) -> Callable[[Tensor], Tensor] | None:
+    """What the target's forward does to its lm_head output, as a function of the logits (None:
+    nothing): Gemma 2/3's final soft-cap ``cap * tanh(x / cap)``, Cohere's ``logit_scale`` and
+    Granite's ``logits_scaling``. Each is monotonic, so the argmax is the lm_head's either way; the
+    soft labels are not. A config with more than one is refused: no known model applies two."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cap = getattr(config, "final_logit_softcapping", None)
+    scale = getattr(config, "logit_scale", None)
+    divide = getattr(config, "logits_scaling", None)
+    given = [(n, v) for n, v in (("final_logit_softcapping", cap), ("logit_scale", scale), ("logits_scaling", divide))
+             if v not in (None, 0, 1, 0.0, 1.0)]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise ValueError(f"the target's forward applies {' and '.join(f'{n}={v}' for n, v in given)} to its logits; "
+                         "offline training reproduces one such transform, not several: train online (drop features=)")
+    name, value = given[0]
+    v = float(value)
+    if name == "final_logit_softcapping":
+        return lambda x: torch.tanh(x / v) * v
+    if name == "logit_scale":
+        return lambda x: x * v
+    return lambda x: x / v
 
 
 def lm_head_logits(lm_head: nn.Module) -> StoredLogits:

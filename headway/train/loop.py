@@ -35,8 +35,8 @@ from ..hardware import bf16_is_fast
 from ..heads.files import is_heads_checkpoint
 from ..optional import MissingDependency, need, skip_line
 from ..progress import Progress
-from .batch import (StoredLogits, TargetBatch, collate, collate_features, feature_key, lm_head_logits, stored_batch,
-                    stored_keys, target_batch)
+from .batch import (StoredLogits, TargetBatch, collate, collate_features, feature_key, lm_head_logits, logit_transform,
+                    stored_batch, stored_keys, target_batch)
 from .calibration import calibration_metadata
 from .checkpoints import (clear_run, folder_run, publish_dirs, read_state, resolve_resume, run_difference,
                           save_checkpoint, write_run)
@@ -141,7 +141,6 @@ def collate_fn(rows: Any, pad_id: int, max_length: int | None) -> Callable[[list
 
 
 # -- offline features: checks before training ------------------------------------------------
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
 def check_features_config(cfg: TrainConfig) -> None:
@@ -266,13 +265,12 @@ def check_features_keys(key: str, path: str, keys: Sequence[str], cfg: TrainConf
 
 
 def check_plain_lm_head(target: nn.Module) -> None:
-    """Offline logits are ``lm_head(final)``; refuse a target whose forward changes them further."""
-    config = target.config.get_text_config()
-    for name in LOGIT_TRANSFORMS:
-        value = getattr(config, name, None)
-        if value not in (None, 0, 1, 0.0, 1.0):
-            raise TrainError(f"this target's forward applies {name}={value} to its logits, which offline training "
-                             "does not reproduce from stored features; train online (drop features=)")
+    """Offline logits are ``lm_head(final)`` then the target's own transform (``logit_transform``);
+    refuse a target whose forward changes them in a way that cannot reproduce."""
+    try:
+        logit_transform(target.config)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
 
 
 def fresh_output(path: str, tag: str) -> str:
@@ -315,6 +313,7 @@ class TrainModule(nn.Module):
             if task.needs_logits():  # the target's lm_head on the stored final state, in float32 (made once)
                 reduced = getattr(task, "stored_logits", None)  # only the rows (and argmax) its loss reads
                 self.stored_logits = reduced(heads, head) if reduced is not None else lm_head_logits(head)
+                self.stored_logits.transform = logit_transform(target.config)  # Gemma 2's soft-cap, ...
 
     def run_target(self) -> nn.Module:
         return self.target if self.adapted else self.frozen_target
@@ -347,6 +346,7 @@ class TrainModule(nn.Module):
         logits = self.stored_logits
         if logits is None and "final" in batch["features"]:
             logits = lm_head_logits(self.run_target().get_output_embeddings())
+            logits.transform = logit_transform(self.run_target().config)
         return stored_batch(batch, self.layers, logits, self.stored_device, self.stored_dtype)
 
     @torch.no_grad()
