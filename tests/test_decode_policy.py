@@ -90,3 +90,20 @@ def test_switching_between_plain_and_drafted_steps_stays_exact(llama, batch, kin
     assert [r.ids for r in out.rows] == [ref[:n] for ref, n in zip(refs, lengths)]
     drafted = sum(sum(r.stats.accepted_per_depth) for r in out.rows)
     assert (drafted > 0) == any(table.values())
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_one_prompt_decodes_plainly_when_the_table_says_so(llama, batch, static):  # noqa: F811
+    """``generate`` (one row, ``OneRow``: no mask over a dynamic cache, the slots past the token
+    hidden in a static one) with plain steps only: the target's greedy output, no drafts."""
+    model, tok = llama
+    ps, refs = batch
+    spec = Speculator(model, tok, make_heads("eagle3", model), tree="chain-3", by_batch={1: False},
+                      static_cache=static)
+    out = spec.generate(ps[0], max_new_tokens=len(refs[0]))
+    assert out.ids == refs[0]
+    assert out.stats.target_forwards == len(refs[0]) - 1 and sum(out.stats.accepted_per_depth) == 0
+    sampled = Speculator(model, tok, make_heads("eagle3", model), tree="chain-3", by_batch={1: True},
+                         by_batch_sampling={1: False})
+    res = sampled.generate(ps[0], max_new_tokens=8, temperature=1.0, seed=0)
+    assert res.stats.target_forwards == 7 and sum(res.stats.accepted_per_depth) == 0  # T>0: its own table
