@@ -3,12 +3,12 @@
 A 6-token vocabulary makes the distribution over the first three generated tokens enumerable
 (216 sequences). Each sample runs the real decoder parts (proposer, tree, target verify forward,
 KV commit, ``verify_sample`` with fresh random draws); decode states are memoised by the emitted
-prefix (there are at most 42), so 10,000 samples per head kind and tree shape take seconds.
+prefix (there are at most 42), so 5,000 samples per head kind and tree shape take seconds.
 
 Sample counts are set by the biased controls, which run at the same counts as the exact tests they
-guard: at 10,000 memoised samples a verifier that forgets to renormalise scores p ~ 1e-219 (the test
+guard: at 5,000 memoised samples a verifier that forgets to renormalise scores p ~ 1e-114 (the test
 asks < 1e-6), typical acceptance p = 0 to float precision; at 3,000 sampled-chain samples a chain
-verifier whose bonus skips the residual scores p ~ 3e-48, and at 10,000 single draws p ~ 1e-241.
+verifier whose bonus skips the residual scores p ~ 3e-48, and at 5,000 single draws p ~ 1e-111.
 HEADWAY_FULL_SAMPLING=1 runs every case at the earlier, longer counts.
 """
 
@@ -31,7 +31,7 @@ from headway.testing import tiny_tokenizer
 
 FULL = os.environ.get("HEADWAY_FULL_SAMPLING") == "1"
 V, N_TOKENS = 6, 3
-N_SAMPLES = 20_000 if FULL else 10_000  # memoised draws per case (see the docstring for the controls' power)
+N_SAMPLES = 20_000 if FULL else 5_000  # memoised draws per case (see the docstring for the controls' power)
 N_CHAIN = 10_000 if FULL else 3_000  # sampled-chain draws: every one drafts anew (~10 ms each)
 PROMPT = [0, 3, 2, 5]
 
@@ -276,7 +276,7 @@ def first_token_counts(p, q, n, seed, residual=True):
 def test_sampled_draft_verification_emits_the_target_distribution():
     p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
     q = torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2])  # far from p, even mass where p has none
-    n = N_SAMPLES  # the biased control below scores p ~ 1e-241 at 10,000
+    n = N_SAMPLES  # the biased control below scores p ~ 1e-111 at 5,000
     counts = first_token_counts(p, q, n, seed=0)
     probs = {(i,): float(p[i]) for i in range(5)}
     got = {(i,): int(counts[i]) for i in range(5)}
