@@ -3,7 +3,13 @@
 A 6-token vocabulary makes the distribution over the first three generated tokens enumerable
 (216 sequences). Each sample runs the real decoder parts (proposer, tree, target verify forward,
 KV commit, ``verify_sample`` with fresh random draws); decode states are memoised by the emitted
-prefix (there are at most 42), so 20,000 samples per head kind and tree shape take seconds.
+prefix (there are at most 42), so 5,000 samples per head kind and tree shape take seconds.
+
+Sample counts are set by the biased controls, which run at the same counts as the exact tests they
+guard: at 5,000 memoised samples a verifier that forgets to renormalise scores p ~ 1e-114 (the test
+asks < 1e-6), typical acceptance p = 0 to float precision; at 3,000 sampled-chain samples a chain
+verifier whose bonus skips the residual scores p ~ 3e-48, and at 5,000 single draws p ~ 1e-111.
+HEADWAY_FULL_SAMPLING=1 runs every case at the earlier, longer counts.
 """
 
 import itertools
@@ -23,7 +29,10 @@ from headway.decode.tree import TreeBuffers
 from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads
 from headway.testing import tiny_tokenizer
 
-V, N_TOKENS, N_SAMPLES = 6, 3, 20_000
+FULL = os.environ.get("HEADWAY_FULL_SAMPLING") == "1"
+V, N_TOKENS = 6, 3
+N_SAMPLES = 20_000 if FULL else 5_000  # memoised draws per case (see the docstring for the controls' power)
+N_CHAIN = 10_000 if FULL else 3_000  # sampled-chain draws: every one drafts anew (~10 ms each)
 PROMPT = [0, 3, 2, 5]
 
 
@@ -103,11 +112,13 @@ def speculative_samples(spec, params, n, seed, verifier=verify_sample, lazy=Fals
         while len(prefix) < N_TOKENS:
             if prefix not in scored_memo:
                 st = spec.fork(states[prefix])
-                scored_memo[prefix] = (st, spec.draft_and_score(st))
-            st, scored = scored_memo[prefix]
+                scored = spec.draft_and_score(st)
+                # the full rows' distribution depends only on the prefix: processed once per prefix
+                scored_memo[prefix] = (st, scored, None if lazy else processed_probs(scored.logits, params))
+            st, scored, full_probs = scored_memo[prefix]
             u = torch.rand(scored.tree.buffers.size + 1, generator=gen)
-            probs = NodeProbs(scored.node_logits, lambda x: processed_probs(x, params)) if lazy else \
-                processed_probs(scored.logits, params)
+            # the lazy rows are read anew by every walk, as the decoder reads them
+            probs = NodeProbs(scored.node_logits, lambda x: processed_probs(x, params)) if lazy else full_probs
             verdict = verifier(scored.tree.tokens, scored.tree.buffers, probs, u[:-1], u[-1])
             new = scored.tree.tokens[verdict.nodes[1:]].tolist() + [int(verdict.bonus)]
             nxt = prefix + tuple(new)
@@ -158,7 +169,6 @@ def seed_of(*parts) -> int:
 KINDS = ("medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab")
 # Every kind with the dynamic tree (the most branching), every shape with one Medusa and one EAGLE
 # kind: 11 cases keep CI's suite short; HEADWAY_FULL_SAMPLING=1 runs all 21 (and all 7 sampled chains).
-FULL = os.environ.get("HEADWAY_FULL_SAMPLING") == "1"
 CASES = [(kind, shape) for kind in KINDS for shape in ("chain-3", "mc_sim_7b_63", "dynamic-3-3-8")
          if FULL or shape == "dynamic-3-3-8" or kind in ("medusa", "eagle3")]
 
@@ -266,7 +276,7 @@ def first_token_counts(p, q, n, seed, residual=True):
 def test_sampled_draft_verification_emits_the_target_distribution():
     p = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
     q = torch.tensor([0.1, 0.2, 0.3, 0.2, 0.2])  # far from p, even mass where p has none
-    n = 20_000
+    n = N_SAMPLES  # the biased control below scores p ~ 1e-111 at 5,000
     counts = first_token_counts(p, q, n, seed=0)
     probs = {(i,): float(p[i]) for i in range(5)}
     got = {(i,): int(counts[i]) for i in range(5)}
@@ -331,7 +341,7 @@ def test_sampled_chain_drafts_match_target(target, kind):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree="chain-3")
     probs = exact_distribution(target, params)
-    n = 10_000 if FULL else 6_000  # every sample drafts anew, so fewer than the memoised tests above
+    n = N_CHAIN  # every sample drafts anew, so fewer than the memoised tests above
     seed = {"medusa": 12, "eagle1": 13, "eagle3": 14, "medusa-vocab": 15, "eagle1-vocab": 16, "dflash": 17,
             "dflash-vocab": 18}[kind]
     counts = sampled_chain_samples(spec, params, n, seed=seed)
@@ -343,7 +353,7 @@ def test_sampled_chain_drafts_biased_verifier_is_caught(target):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="chain-3")
     probs = exact_distribution(target, params)
-    n = 10_000
+    n = N_CHAIN  # the exact chains' count: this control shows their power (p ~ 3e-48 here at 3,000)
 
     def biased(*a):
         return verify_sampled_chain(*a, residual=False)
