@@ -423,3 +423,19 @@ def test_batched_rows_name_the_tree_a_tuned_table_picks(folders):
     spec.policy.by_batch = {1: True, 2: spec.fit_tree("chain-1"), 4: False}
     m = HeadwayMethod("eagle3", spec, str(folders / "eagle3"))
     assert [tree_at_batch(m, b, 0.0) for b in (1, 2, 3, 4, 8)] == ["chain-3", "chain-1", "chain-1", "plain", "plain"]
+
+
+def test_reports_name_a_tuned_tree_by_the_name_tune_gave_it(folders):
+    """A stored measured tree is a list of paths; the reports call it what tune called it."""
+    from headway.bench.methods import HeadwayMethod
+    from headway.bench.run import stored_names
+    from headway.decode import Speculator
+
+    decode = {"tree": "static:[[0],[1],[0,0]]", "chosen": "measured-4", "sampling_tree": "chain-2",
+              "sampling_chosen": "chain-2"}
+    names = stored_names(decode)
+    assert names == {"static:[[0],[1],[0,0]]": "measured-4", "chain-2": "chain-2"}
+    spec = Speculator.from_pretrained(str(folders / "target"), str(folders / "eagle3"), tree=decode["tree"],
+                                      sampling_tree="chain-2")
+    m = HeadwayMethod("", spec, str(folders / "eagle3"), names)
+    assert m.tree == "measured-4" and m.label_at(1.0)[1] == "chain-2"

@@ -25,7 +25,7 @@ from torch import nn
 
 from ..kernels import LinearKernels
 from .configs import BenchConfig
-from .methods import HeadwayMethod, HFMethod, stop_ids_of, tree_spec
+from .methods import HeadwayMethod, HFMethod, stop_ids_of
 
 
 @dataclass
@@ -146,7 +146,7 @@ def tree_at_batch(method: HeadwayMethod, size: int, temperature: float) -> str:
         return "measured"
     if not policy.speculate(size, sampling):
         return "plain"
-    return tree_spec(policy.shape_for(1 << 30, sampling, size))
+    return method.label(policy.shape_for(1 << 30, sampling, size))
 
 
 def _rates(runs: Sequence[tuple[int, list[int], BatchRun]]) -> dict[int, float]:

@@ -278,11 +278,13 @@ def tree_spec(shape: TreeShape) -> str:
 class HeadwayMethod:
     """One heads checkpoint with one tree shape, through ``Speculator.generate``."""
 
-    def __init__(self, name: str, speculator: Speculator, heads_path: str) -> None:
+    def __init__(self, name: str, speculator: Speculator, heads_path: str,
+                 tree_names: dict[str, str] | None = None) -> None:
         self.name = name
         self.speculator = speculator
         self.kind = speculator.heads.kind
-        self.tree = tree_spec(speculator.tree)
+        self.tree_names = dict(tree_names or {})  # a tree's spec -> the name tune gave it (measured-16)
+        self.tree = self.label(speculator.tree)
         self.draft_depth = speculator.tree.depth
         self.heads_path = heads_path
         self.target = speculator.target
@@ -303,11 +305,16 @@ class HeadwayMethod:
     def param_bytes(self) -> int:
         return module_bytes(self.target, self.speculator.heads)
 
+    def label(self, shape: TreeShape) -> str:
+        """The shape as reports name it: the name tune stored for it, else its spec."""
+        spec = tree_spec(shape)
+        return self.tree_names.get(spec, spec)
+
     def label_at(self, temperature: float) -> tuple[str, str, int]:
         """(name, tree, depth) at this temperature: the speculator may draft another shape when
         sampling (a chain of sampled drafts), and the table must say which one ran."""
         shape = self.speculator.tree_for(temperature)
-        tree = tree_spec(shape)
+        tree = self.label(shape)
         return self.name.replace(f"[{self.tree}]", f"[{tree}]"), tree, shape.depth
 
     def generate(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generated:

@@ -32,12 +32,13 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
+from ..decode.shapes import parse_shape
 from ..data.progress import quiet_transformers
 from ..kernels import LinearKernels
 from ..optional import MissingDependency, skip_line
 from ..target import default_assistant, demo_metadata
 from .methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
-                            timed_run)
+                            timed_run, tree_spec)
 from .repetition import repetition_rate
 from .report import SCHEMA, Record, render_table, summarize, write_plot
 from .configs import OPTIONAL_BASELINES, BenchConfig  # noqa: F401  (re-exported; light, for --help)
@@ -152,7 +153,8 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
                                                       calibrate=mode == "on", verify_logits=logits,
                                                       by_batch=batch_table(stored.get("by_batch")),
                                                       by_batch_sampling=batch_table(stored.get("by_batch_sampling")),
-                                                      batch_policy=policy, **cfg.runtime_kwargs()), str(path))
+                                                      batch_policy=policy, **cfg.runtime_kwargs()), str(path),
+                                    stored_names(stored))
                 if mode == "off" and "on" in cfg.calibration and not method.has_calibration:
                     continue  # the same drafts as the calibrated run: one row is enough
                 methods.append(method)
@@ -167,6 +169,15 @@ def headway_methods(target: nn.Module, tokenizer: Any, cfg: BenchConfig) -> list
         m.name = (names[i] if names.count(names[i]) == 1
                   else f"{m.kind}#{cfg.heads.index(m.heads_path)}[{m.tree}]{tags[i]}")
     return methods
+
+
+def stored_names(decode: dict[str, Any]) -> dict[str, str]:
+    """The tuned trees' specs -> the names tune chose them by (``measured-16``), for the reports."""
+    names = {}
+    for tree, chosen in (("tree", "chosen"), ("sampling_tree", "sampling_chosen")):
+        if decode.get(tree) and decode.get(chosen):
+            names[tree_spec(parse_shape(decode[tree]))] = str(decode[chosen])
+    return names
 
 
 # ---------------------------------------------------------------------------------------------

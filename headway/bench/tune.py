@@ -259,7 +259,9 @@ def batch_candidates(spec: Speculator, sampling: bool, size: int) -> dict[str, b
     """Name -> the batch table's entry: plain decoding (False), the tuned tree (True) and, above one
     prompt, the short chains (a B-row verify costs more, so a smaller tree may win). One prompt
     compares the tuned tree with plain decoding only: the tree was already chosen against the chains."""
-    out: dict[str, bool | str] = {"plain": False, shape_spec(spec.tree_for(1.0 if sampling else 0.0)): True}
+    tuned = spec.tree_for(1.0 if sampling else 0.0)
+    label = tuned.name if isinstance(tuned, StaticShape) else shape_spec(tuned)  # measured-16, not its paths
+    out: dict[str, bool | str] = {"plain": False, label: True}
     if size > 1:
         for depth in BATCH_CHAINS:
             name = shape_spec(spec.fit_tree(chain(depth)))
