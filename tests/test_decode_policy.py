@@ -107,3 +107,32 @@ def test_one_prompt_decodes_plainly_when_the_table_says_so(llama, batch, static)
                          by_batch_sampling={1: False})
     res = sampled.generate(ps[0], max_new_tokens=8, temperature=1.0, seed=0)
     assert res.stats.target_forwards == 7 and sum(res.stats.accepted_per_depth) == 0  # T>0: its own table
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_drafter_catching_up_in_chunks_drafts_as_one_call(llama, batch, kind, monkeypatch):  # noqa: F811
+    """Plain steps are told to the proposer every FLUSH_EVERY steps (bounded memory on long plain
+    runs): the drafts after the switch equal those of one catch-up call, and the output stays exact."""
+    from headway.decode import step as S
+
+    model, tok = llama
+    ps, refs = batch
+    lengths = [12, 40, 24, 33, 40]
+
+    def drafted_trees(every):
+        monkeypatch.setattr(S, "FLUSH_EVERY", every)
+        spec = Speculator(model, tok, make_heads(kind, model), tree="chain-3", by_batch={1: True, 3: False})
+        trees = []
+
+        class Capture:
+            def on_step(self, b, scored, verdicts, new, times):
+                if scored is not None:
+                    trees.append([t.tokens.tolist() for t in scored.drafts.trees])
+
+        spec.hooks.append(Capture())
+        out = spec.generate_batch(ps, max_new_tokens=lengths)
+        assert [r.ids for r in out.rows] == [ref[:n] for ref, n in zip(refs, lengths)]
+        return trees
+
+    once, chunked = drafted_trees(10 ** 6), drafted_trees(3)
+    assert once and chunked == once

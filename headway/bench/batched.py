@@ -180,7 +180,8 @@ def render_batched(report: dict[str, Any]) -> Any:
         style = "red" if exact is not None and exact < 1 and not e["kind"].startswith("hf_") else None
         same = e.get("speedup_same_kernel")
         table.add_row(f"{e.get('temperature', 0.0):g}", str(e["batch_size"]), escape(e["name"]),
-                      escape(e.get("tree_at_batch") or "-"), f"{e['tokens_per_s']:.1f}", f"{e.get('tokens_per_s_per_row', 0.0):.1f}", f"{e['speedup']:.2f}×",
+                      escape(e.get("tree_at_batch") or "-"), f"{e['tokens_per_s']:.1f}",
+                      f"{e.get('tokens_per_s_per_row', 0.0):.1f}", f"{e['speedup']:.2f}×",
                       "-" if same is None else f"{same:.2f}×", f"{e['tau']:.2f}",
                       "-" if exact is None else f"{exact:.0%}", style=style)
     return table

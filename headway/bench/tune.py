@@ -352,7 +352,8 @@ def tune_cli(cfg: TuneConfig) -> int:
     for size, modes in report.get("by_batch_side_by_side", {}).items():
         for name, r in modes.items():
             rates = ", ".join(f"{c} {v:.1f}" for c, v in r["candidates"].items())
-            print(f"batch {size} ({'T=0' if name == 'greedy' else 'T>0'}): {rates} tok/s -> {r['tree'] or 'plain decoding'}")
+            mode = "T=0" if name == "greedy" else "T>0"
+            print(f"batch {size} ({mode}): {rates} tok/s -> {r['tree'] or 'plain decoding'}")
     if cfg.write:
         print(f"stored in {Path(cfg.heads) / 'config.json'}: generate will use tree {chosen}")
     return 0

@@ -81,9 +81,9 @@ class TreePolicy:
     ``by_batch`` maps a batch size to ``False`` (plain decoding), ``True`` (speculate with ``tree``)
     or the tree that was fastest at that size (a B-row verify costs more, so smaller trees win as B
     grows), tuned at T=0 (``by_batch_sampling``: above, where sampled drafts are accepted less
-    often); sizes between tuned ones take the nearest smaller one. ``sampled_drafts``: at T > 0 a chain's
-    drafts are sampled from the drafter and verified by speculative sampling; ``typical``: Medusa's
-    lossy typical acceptance (threshold, alpha)."""
+    often); sizes between tuned ones take the nearest smaller one. ``sampled_drafts``: at T > 0 a
+    chain's drafts are sampled from the drafter and verified by speculative sampling; ``typical``:
+    Medusa's lossy typical acceptance (threshold, alpha)."""
 
     tree: TreeShape
     sampling_tree: TreeShape
@@ -91,7 +91,7 @@ class TreePolicy:
     sampled_drafts: bool = True
     typical: tuple[float, float] | None = None
     by_batch: dict[int, bool | TreeShape] | None = None
-    by_batch_sampling: dict[int, bool | TreeShape] | None = None  # the same above T=0 (None: ``by_batch`` serves both)
+    by_batch_sampling: dict[int, bool | TreeShape] | None = None  # above T=0 (None: ``by_batch`` serves both)
     batch_aware: bool = True  # False: always speculate (A/B)
     rates: dict[tuple[int, bool, bool], ModeRate] = field(default_factory=dict)  # (batch, sampling, drafted)
     verify_costs_by_threads: dict[int, torch.Tensor] = field(default_factory=dict)

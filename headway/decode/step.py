@@ -37,7 +37,6 @@ from .sampling import (SamplingParams, processed_probs, sample_from, verify_samp
                        verify_typical)
 from .shapes import DraftTree, DynamicShape, TreeShape, build_sampled_chain, build_tree, is_chain
 from .stats import GenerationStats, _record_depths, _sync
-from .tree import TreeBuffers
 from .verify import Verdict, verify_greedy, verify_greedy_walk
 
 
@@ -69,8 +68,9 @@ class Batch:
 @dataclass
 class Skipped:
     """The plain steps since the proposer last saw the rows; it catches up on them, as one accepted
-    path per row, when drafting resumes (``_flush``). Per step: the rows' input tokens (B,) and the
-    target's states there, (B, H) per feature layer; ``last``: the latest step's next tokens (B,)."""
+    path per row, when drafting resumes or ``FLUSH_EVERY`` steps have gathered (``_flush``). Per
+    step: the rows' input tokens (B,) and the target's states there, (B, H) per feature layer;
+    ``last``: the latest step's next tokens (B,)."""
 
     starts: list[int]  # each row's position of its first skipped token
     tokens: list[torch.Tensor] = field(default_factory=list)
@@ -291,11 +291,18 @@ def commit(batch: Batch, scored: Scored, verdicts: Sequence[Verdict], eos: set[i
     paths = [torch.cat([t.tokens[v.nodes], v.bonus.view(1)]) for t, v in zip(trees, verdicts)]
     feats = [[f[v.nodes] for f in fs] for fs, v in zip(scored.features, verdicts)]
     batch.proposer.accept(paths, feats, starts)
+    return _advance(batch, [p[1:].tolist() for p in paths], eos)
+
+
+def _advance(batch: Batch, emitted: Sequence[list[int]], eos: set[int]) -> tuple[list[list[int]], list[Row]]:
+    """Each row emits its tokens (each one's KV entry now in the cache: the row's length grows by as
+    many), cut at EOS and ``max_new``; the rows that stopped leave the cache, the proposer and the
+    batch. Returns (each row's new tokens, the rows that stopped)."""
     news, finished, keep = [], [], []
-    for i, (r, v, p) in enumerate(zip(batch.rows, verdicts, paths)):
-        r.length += v.nodes.numel()
+    for i, (r, new) in enumerate(zip(batch.rows, emitted)):
+        r.length += len(new)
         before = len(r.emitted)
-        r.emitted += p[1:].tolist()
+        r.emitted += new
         del r.emitted[r.max_new:]
         r.stats.new_tokens = len(r.emitted)
         done = stopped(r, eos, len(r.emitted) - before)
@@ -304,27 +311,24 @@ def commit(batch: Batch, scored: Scored, verdicts: Sequence[Verdict], eos: set[i
             finished.append(r)
         else:
             keep.append(i)
-    _leave(batch, finished, keep)
-    return news, finished
-
-
-def _leave(batch: Batch, finished: list[Row], keep: list[int]) -> None:
-    """The rows that stopped leave the cache, the proposer and the batch."""
     if finished:
         batch.kv.select(keep)
         batch.proposer.select(keep)
         if batch.skipped is not None:
             batch.skipped.select(keep)
         batch.rows = [batch.rows[i] for i in keep]
+    return news, finished
 
 
 # -- a plain step -------------------------------------------------------------------------------
+FLUSH_EVERY = 64  # plain steps the proposer may lag behind: it is told (one call) after this many
 def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Tensor] = choose
           ) -> tuple[list[list[int]], list[Row], float]:
     """A step without drafts (the policy's choice at this batch size): one target forward over each
     row's last token, which emits the target's own next token, as plain decoding does: no tree, no
     verification, the cache entry already in place. The proposer sees these tokens when drafting
-    resumes (``Skipped``). Returns (each row's new tokens, the rows that stopped, forward seconds)."""
+    resumes, or every ``FLUSH_EVERY`` plain steps (``Skipped``). Returns (each row's new tokens,
+    the rows that stopped, forward seconds)."""
     rows = batch.rows
     roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     lengths = [r.length for r in rows]
@@ -344,17 +348,9 @@ def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Te
     s.tokens.append(roots)
     s.feats.append([out.hidden_states[i][:, -1] for i in rt.layers])
     s.last = nxt
-    news, finished, keep = [], [], []
-    for i, (r, tok) in enumerate(zip(rows, nxt.tolist())):
-        r.length += 1
-        r.emitted.append(tok)
-        r.stats.new_tokens = len(r.emitted)
-        news.append([tok])
-        if stopped(r, eos):
-            finished.append(r)
-        else:
-            keep.append(i)
-    _leave(batch, finished, keep)
+    if len(s.tokens) >= FLUSH_EVERY:  # bounded memory on long plain runs; the drafter catches up in chunks
+        _flush(batch)
+    news, finished = _advance(batch, [[t] for t in nxt.tolist()], eos)
     return news, finished, seconds
 
 
