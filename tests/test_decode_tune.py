@@ -64,7 +64,7 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         assert shape_spec(spec.tree_for(1.0)) == shape_spec(spec.fit_tree(report["sampling_tree"]))
 
 
-def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir):
+def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir, capsys):
     """``batch_sizes``: speculating against plain decoding, measured per batch size and stored; the
     speculator loaded from the heads then follows the table (untrained heads: plain decoding wins
     wherever drafting only costs, and the output is the target's either way)."""
@@ -82,6 +82,10 @@ def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir):
     report = tune(cfg, log=lambda m: None)
     side = report["by_batch_side_by_side"]
     assert sorted(side) == [1, 2]
+    # its own progress lines (not a terminal): every candidate x (warm-up + repeats) x temperature, counted
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("tune by batch size: ")]
+    runs = sum(len(m["candidates"]) * 2 for modes in side.values() for m in modes.values())
+    assert lines and lines[-1].split()[4] == f"{runs}/{runs}" and all("ETA" in x for x in lines)
     assert all(sorted(modes) == ["greedy", "sampling"] for modes in side.values())  # T=0 and T>0 measured apart
     assert all(r["tokens_per_s"] > 0 and r["plain_tokens_per_s"] > 0 for m in side.values() for r in m.values())
     # one prompt: the tuned tree against plain decoding; two: the short chains too

@@ -278,36 +278,39 @@ def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int]
     ``entry`` is the fastest candidate's table entry, ``speculate`` whether it drafts."""
     saved = spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware
     modes = {"greedy": [t for t in temperatures if t <= 0], "sampling": [t for t in temperatures if t > 0]}
+    modes = {name: temps for name, temps in modes.items() if temps}
+    runs = sum(len(batch_candidates(spec, name == "sampling", size)) * (repeats + 1) * len(temps)
+               for size in sizes for name, temps in modes.items())
     out: dict[int, dict[str, Any]] = {}
-    try:
-        spec.policy.by_batch_sampling, spec.policy.batch_aware = None, True
-        for size in sizes:
-            rows = [prompts[i % len(prompts)] for i in range(size)]
-            out[size] = {}
-            for name, temps in modes.items():
-                if not temps:
-                    continue
-                cands = batch_candidates(spec, name == "sampling", size)
-                tps: dict[str, list[float]] = {c: [] for c in cands}
-                for r in range(repeats + 1):  # the first round warms up
-                    order = list(cands)[r % len(cands):] + list(cands)[:r % len(cands)]
-                    for c in order:
-                        entry = cands[c]
-                        spec.policy.by_batch = {1: entry if isinstance(entry, bool) else spec.fit_tree(entry)}
-                        tokens, seconds = 0, 0.0
-                        for t in temps:
-                            res = spec.generate_batch(rows, max_new_tokens=max_new, temperature=t, seed=r)
-                            tokens, seconds = tokens + res.new_tokens, seconds + res.time_total
-                        if r:
-                            tps[c].append(tokens / seconds)
-                rates = {c: statistics.median(v) for c, v in tps.items()}
-                best = max(rates, key=lambda c: rates[c])
-                fastest = max((c for c in rates if c != "plain"), key=lambda c: rates[c])
-                out[size][name] = {"entry": cands[best], "speculate": cands[best] is not False,
-                                   "tree": None if best == "plain" else best, "tokens_per_s": rates[fastest],
-                                   "plain_tokens_per_s": rates["plain"], "candidates": rates}
-    finally:
-        spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware = saved
+    with Progress("tune by batch size", runs, unit="runs") as progress:
+        try:
+            spec.policy.by_batch_sampling, spec.policy.batch_aware = None, True
+            for size in sizes:
+                rows = [prompts[i % len(prompts)] for i in range(size)]
+                out[size] = {}
+                for name, temps in modes.items():
+                    cands = batch_candidates(spec, name == "sampling", size)
+                    tps: dict[str, list[float]] = {c: [] for c in cands}
+                    for r in range(repeats + 1):  # the first round warms up
+                        order = list(cands)[r % len(cands):] + list(cands)[:r % len(cands)]
+                        for c in order:
+                            entry = cands[c]
+                            spec.policy.by_batch = {1: entry if isinstance(entry, bool) else spec.fit_tree(entry)}
+                            tokens, seconds = 0, 0.0
+                            for t in temps:
+                                res = spec.generate_batch(rows, max_new_tokens=max_new, temperature=t, seed=r)
+                                tokens, seconds = tokens + res.new_tokens, seconds + res.time_total
+                                progress.advance(1, tokens=res.new_tokens, info=f"batch {size} T={t:g} {c}")
+                            if r:
+                                tps[c].append(tokens / seconds)
+                    rates = {c: statistics.median(v) for c, v in tps.items()}
+                    best = max(rates, key=lambda c: rates[c])
+                    fastest = max((c for c in rates if c != "plain"), key=lambda c: rates[c])
+                    out[size][name] = {"entry": cands[best], "speculate": cands[best] is not False,
+                                       "tree": None if best == "plain" else best, "tokens_per_s": rates[fastest],
+                                       "plain_tokens_per_s": rates["plain"], "candidates": rates}
+        finally:
+            spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware = saved
     return out
 
 
