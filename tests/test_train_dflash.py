@@ -111,7 +111,10 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
     meta = json.loads((final / "config.json").read_text())["metadata"]
     ev = meta["eval"]
     assert meta["training"]["steps"] == 6 and meta["mask_token"]["chosen_by"] == "least used answer token"
+    assert list(meta["training"]["options"]) == ["dflash"]  # the card records the options DFlash reads
+    assert meta["training"]["options"]["dflash"]["block_size"] == 4
     assert 1.0 <= ev["tau"] <= 4.0 and ev["positions"] > 0 and len(ev["accept_rate_by_depth"]) == 3
+    assert 0 < ev["draft_vocab_coverage"] <= 1  # the share of held-out answer tokens the draft vocabulary has
     assert len(ev["top1"]) == 3 and sum(ev["accept_hist"]) == ev["positions"] and len(ev["calibration"]["accuracy"]) == 3
     log = (tmp_path / "run" / "log.jsonl").read_text()
     assert '"acc_slot1"' in log and '"acc_slot3"' in log

@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("out", nargs="?", default="runs/peers")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--ttt-steps", type=int, default=7, help="ttt_length (its default 7; the plan's for a fair run)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     plan = json.loads((out / "plan.json").read_text())
@@ -59,7 +60,7 @@ def main() -> None:
                     "cache_dir": str(work / "cache"), "dataloader_num_workers": 0},
            "training": {"num_epochs": plan["epochs"], "batch_size": args.batch_size,
                         "learning_rate": plan["lr"]["specforge"], "fsdp_sharding": "NO_SHARD",
-                        "attention_backend": "sdpa", "ttt_length": 7, "log_interval": 2, "seed": 0,
+                        "attention_backend": "sdpa", "ttt_length": args.ttt_steps, "log_interval": 2, "seed": 0,
                         **({"max_steps": args.max_steps} if args.max_steps else {})}}
     (work / "run.json").write_text(json.dumps(run, indent=2))
     py = sys.executable

@@ -277,8 +277,8 @@ def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int]
     and cache, the tuned tree, short chains), interleaved, summed over the mode's ``temperatures``.
     ``entry`` is the fastest candidate's table entry, ``speculate`` whether it drafts."""
     saved = spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware
-    modes = {"greedy": [t for t in temperatures if t <= 0], "sampling": [t for t in temperatures if t > 0]}
-    modes = {name: temps for name, temps in modes.items() if temps}
+    split = (("greedy", [t for t in temperatures if t <= 0]), ("sampling", [t for t in temperatures if t > 0]))
+    modes = {name: temps for name, temps in split if temps}
     runs = sum(len(batch_candidates(spec, name == "sampling", size)) * (repeats + 1) * len(temps)
                for size in sizes for name, temps in modes.items())
     out: dict[int, dict[str, Any]] = {}

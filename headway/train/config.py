@@ -161,6 +161,9 @@ class DFlashOptions:
     gamma: float = opt(4.0, "slot k's loss weight is exp(-(k-1)/gamma)")
     hard_weight: float = opt(0.0, "weight of an extra cross-entropy to the target's argmax")
     qk_norm: bool = opt(True, "per-head q/k RMSNorm (Qwen3-style, as vLLM's DFlash layers)")
+    init_layer: int | None = opt(None, "start every draft layer as a copy of this target decoder layer (0-based; "
+                                       "-1 = last), fc as a pass-through of the deepest fused layer and norm as "
+                                       "the target's final norm; None = random init")
     argmax_from: str = opt("logits", "where training reads the target's argmax: logits, or data (greedy-distilled "
                                      "data only; offline, only the draft vocabulary's lm_head rows are projected)",
                            choices=("logits", "data"))
@@ -237,6 +240,8 @@ class TrainConfig(TargetArgs):
         check_choice(self.report_to, TRACKERS, "report_to")
         if self.init_from and self.eagle.init_layer is not None and self.kind == "eagle3":
             raise ConfigError("init_from and eagle.init_layer both set the drafter's first weights; drop one")
+        if self.init_from and self.dflash.init_layer is not None and self.kind == "dflash":
+            raise ConfigError("init_from and dflash.init_layer both set the drafter's first weights; drop one")
         check_numbers(self, "", {"eval_fraction": "in [0, 1)", "max_length": ">= 1", "max_steps": ">= 1",
                                  "epochs": "> 0", "stop_after": ">= 1", "batch_size": ">= 1", "grad_accum": ">= 1",
                                  "group_by_length": ">= 0",

@@ -89,6 +89,51 @@ def block_eval_sums(drafter: DFlashDrafter, tb: TargetBatch, context: Tensor, ta
             "top1_hits": (draft == data).sum(0).float(), "starts": ones.sum().float().reshape(1), **calib}
 
 
+_COPIED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+           "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
+
+
+def init_from_target_layer(heads: DFlashDrafter, target: nn.Module, layer: int) -> dict[str, object]:
+    """Start every draft layer as a copy of the target's decoder layer ``layer`` (0-based), ``fc``
+    as a pass-through of the deepest fused feature, ``hidden_norm`` as that layer's input norm (the
+    context enters k_proj / v_proj as the layer's normed residual stream would) and ``norm`` as the
+    target's final norm. EAGLE-3's ``init_layer`` did this for +0.05 held-out top-1 on SmolLM2.
+
+    Needs Llama-style module names; q/k norms (absent in Llama) stay as built. Biases are copied
+    where both layers have them. Every shape is checked before anything is copied."""
+    layers = getattr(target.get_decoder(), "layers", None)
+    if layers is None or not -len(layers) <= layer < len(layers):
+        n = "no" if layers is None else len(layers)
+        raise ValueError(f"dflash.init_layer={layer}: the target has {n} decoder layers")
+    src = layers[layer]
+    try:
+        found = {n: src.get_submodule(n) for n in _COPIED}
+    except AttributeError as e:
+        raise ValueError(f"dflash.init_layer: the target's layer {layer} ({type(src).__name__}) lacks Llama-style "
+                         f"modules: {e}") from None
+    for dst in heads.layers:
+        for n in _COPIED:
+            theirs, ours = found[n].weight.shape, dst.get_submodule(n).weight.shape
+            if tuple(theirs) != tuple(ours):
+                raise ValueError(f"dflash.init_layer: {n} is {tuple(theirs)} in the target and {tuple(ours)} "
+                                 "in the drafter")
+    with torch.no_grad():
+        for dst in heads.layers:
+            for n in _COPIED:
+                mine, theirs = dst.get_submodule(n), found[n]
+                mine.weight.copy_(theirs.weight)
+                if getattr(mine, "bias", None) is not None and getattr(theirs, "bias", None) is not None:
+                    mine.bias.copy_(theirs.bias)
+        H = heads.config.hidden_size
+        heads.fc.weight.zero_()
+        heads.fc.weight[:, -H:].copy_(torch.eye(H))  # the deepest fused layer passes through
+        heads.hidden_norm.weight.copy_(found["input_layernorm"].weight)
+        norm = getattr(target.get_decoder(), "norm", None)
+        if norm is not None and getattr(norm, "weight", None) is not None:
+            heads.norm.weight.copy_(norm.weight)
+    return {"layer": layer % len(layers), "fc": f"identity on aux layer {heads.feature_layers[-1]}"}
+
+
 def least_used_token(counts: Tensor) -> int:
     """The mask token when none is given: the target token the training answers use least (the
     highest such id), so that a real anchor token rarely shares its embedding."""
@@ -121,6 +166,8 @@ class DFlashTask(_EagleTask):
         heads.metadata["draft_vocab"] = info | ({"lm_head_init": "target lm_head rows"} if ids is not None else
                                                 {"lm_head": "the target's (shared, frozen)"})
         heads.metadata["mask_token"] = {"id": mask_id, "chosen_by": mask_from}
+        if o.init_layer is not None:
+            heads.metadata["init_from_target"] = init_from_target_layer(heads, target, o.init_layer)
         self.check_data()
         return heads
 
@@ -138,8 +185,9 @@ class DFlashTask(_EagleTask):
 
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
         top = tb.top if tb.top is not None else tb.logits.argmax(-1)  # (B, T) the target's argmax
-        return block_eval_sums(heads, tb, self.hidden(heads, tb), top, self.opts.eval_anchors)
+        sums = block_eval_sums(heads, tb, self.hidden(heads, tb), top, self.opts.eval_anchors)
+        return self.with_vocab_stats(sums, heads, tb)
 
 
 
-__all__ = ["DFlashTask", "block_eval_sums", "dflash_loss"]
+__all__ = ["DFlashTask", "block_eval_sums", "dflash_loss", "init_from_target_layer"]

@@ -21,6 +21,7 @@ from .calibration import eagle_calibration_sums, summarize_calibration, teacher_
 from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
 from .errors import TrainError
+from .metrics import draft_vocab_stats
 from .tasks import ParamGroup, TargetBatch
 from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, noise_seed, shift_left,
                   summarize_acceptance)
@@ -153,8 +154,21 @@ class _EagleTask:
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
         return eval_sums(heads, tb, self.hidden(heads, tb), self.eval_depth)
 
+    @staticmethod
+    def with_vocab_stats(stats: dict[str, Tensor], heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
+        """``stats`` plus the held-out answer tokens a reduced draft vocabulary can express."""
+        if getattr(heads, "has_draft_vocab", False):
+            stats.update(draft_vocab_stats(heads.t2d, tb.input_ids, tb.loss_mask))
+        return stats
+
     def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
-        return summarize(stats)
+        """The chain summary; with a reduced draft vocabulary, also the share of held-out answer
+        tokens it can express (a ceiling on top-1)."""
+        out = summarize({k: v for k, v in stats.items() if not k.startswith("vocab_")})
+        if "vocab_in" in stats:
+            share = stats["vocab_in"].sum() / stats["vocab_tokens"].sum().clamp(min=1)
+            out["draft_vocab_coverage"] = round(float(share), 4)
+        return out
 
     def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None:
         heads.save_pretrained(out_dir)
@@ -234,17 +248,7 @@ class Eagle3Task(_EagleTask):
         return heads
 
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
-        stats = super().eval_stats(heads, tb)
-        answer = tb.loss_mask.bool()  # (B, T)
-        stats["vocab_in"] = (heads.t2d[tb.input_ids] & answer).sum().float().reshape(1)
-        stats["vocab_tokens"] = answer.sum().float().reshape(1)
-        return stats
-
-    def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
-        """Adds the share of held-out answer tokens the draft vocabulary can express (a ceiling on top-1)."""
-        out = summarize({k: v for k, v in stats.items() if not k.startswith("vocab_")})
-        out["draft_vocab_coverage"] = round(float(stats["vocab_in"].sum() / stats["vocab_tokens"].sum().clamp(min=1)), 4)
-        return out
+        return self.with_vocab_stats(super().eval_stats(heads, tb), heads, tb)
 
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]:
         logits, top = self.targets(heads, tb)

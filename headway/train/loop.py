@@ -491,7 +491,7 @@ def total_steps(cfg: TrainConfig, n_rows: int, world: int) -> int:
 
 def task_options(cfg: TrainConfig) -> dict[str, Any]:
     """The option sections this kind reads, for the model card."""
-    sections = {"medusa": ("medusa",), "medusa2": ("medusa", "lora")}.get(cfg.kind, ("eagle",))
+    sections = {"medusa": ("medusa",), "medusa2": ("medusa", "lora"), "dflash": ("dflash",)}.get(cfg.kind, ("eagle",))
     return {name: asdict(getattr(cfg, name)) for name in sections}
 
 
