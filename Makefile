@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(BIN)/headway demo $(DEMO_ARGS)
 
 test: $(STAMP)
-	$(OFFLINE) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(OFFLINE) OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
