@@ -92,6 +92,29 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
         assert all(f'"ce{j}"' in log and f'"acc{j}"' in log for j in range(3))
 
 
+def test_norm_output_trains_feeds_normed_states_back_and_decodes_exactly(setup, tmp_path):
+    """eagle.norm_output: the flag reaches the drafter (a different loss from the same seed), survives
+    save/load, the decoder's output equals the target's greedy one, and vLLM/SGLang exports refuse it."""
+    from headway.decode import Speculator
+    from headway.heads.export_layouts import refuse_speculators_options
+
+    target, tok = load_target(str(setup[1]), device="cpu")
+    plain = fit(config(setup, tmp_path / "plain", "eagle3"), target, tok)
+    normed = fit(config(setup, tmp_path / "normed", "eagle3", **{"eagle.norm_output": True}), target, tok)
+    assert losses(tmp_path / "normed")[0] != losses(tmp_path / "plain")[0]
+    assert load_heads(plain, target=target).config.norm_output is False
+    heads = load_heads(normed, target=target)
+    assert heads.config.norm_output is True
+    h = torch.randn(1, 3, 64)
+    assert torch.equal(heads.logits(h), heads.lm_head(h))  # fed back normed: lm_head reads it as is
+    ids = torch.tensor([[5, 17, 33, 80]])
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
+                          pad_token_id=2)[0, 4:].tolist()
+    assert Speculator(target, tok, heads, tree="chain-3").generate(ids, max_new_tokens=10).ids == ref
+    with pytest.raises(Exception, match="norm_output"):
+        refuse_speculators_options({"norm_output": True})
+
+
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
 def test_resume_reproduces_the_uninterrupted_run(setup, tmp_path, kind):
     kw = {"max_steps": 6, "eval_fraction": 0.0, "save_every": 2}

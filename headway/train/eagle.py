@@ -231,7 +231,8 @@ class Eagle3Task(_EagleTask):
     def build(self, target: nn.Module) -> HeadsBase:
         V = int(target.get_output_embeddings().weight.shape[0])
         n = self.opts.draft_vocab_size or V
-        heads = Eagle3Drafter.for_target(target, draft_vocab_size=n, aux_layers=list(self.opts.aux_layers) or None)
+        heads = Eagle3Drafter.for_target(target, draft_vocab_size=n, aux_layers=list(self.opts.aux_layers) or None,
+                                         norm_output=self.opts.norm_output)
         info: dict[str, Any] = {"size": n, "target_vocab_size": V, "lm_head_init": "target lm_head rows"}
         if n < V:
             from ..data.vocab import draft_vocab
