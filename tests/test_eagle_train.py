@@ -94,9 +94,11 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
 
 def test_norm_output_trains_feeds_normed_states_back_and_decodes_exactly(setup, tmp_path):
     """eagle.norm_output: the flag reaches the drafter (a different loss from the same seed), survives
-    save/load, the decoder's output equals the target's greedy one, and vLLM/SGLang exports refuse it."""
+    save/load, the decoder's output equals the target's greedy one, and the vLLM export refuses it
+    by name before writing anything."""
     from headway.decode import Speculator
-    from headway.heads.export_layouts import refuse_speculators_options
+    from headway.heads.export import export_heads
+    from headway.heads.export_layouts import ExportError
 
     target, tok = load_target(str(setup[1]), device="cpu")
     plain = fit(config(setup, tmp_path / "plain", "eagle3"), target, tok)
@@ -111,8 +113,9 @@ def test_norm_output_trains_feeds_normed_states_back_and_decodes_exactly(setup, 
     ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False,
                           pad_token_id=2)[0, 4:].tolist()
     assert Speculator(target, tok, heads, tree="chain-3").generate(ids, max_new_tokens=10).ids == ref
-    with pytest.raises(Exception, match="norm_output"):
-        refuse_speculators_options({"norm_output": True})
+    with pytest.raises(ExportError, match="norm_output"):
+        export_heads(normed, "vllm", tmp_path / "normed-vllm", target=target)
+    assert not (tmp_path / "normed-vllm").exists()
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3"])

@@ -309,7 +309,8 @@ def refuse_speculators_options(cfg: dict[str, Any]) -> None:
     on = [k for k in SPECULATORS_OPTIONS if cfg.get(k)]
     if on:
         raise ExportError(f"this EAGLE-3 drafter uses speculators' options {on} (imported from a speculators "
-                          "checkpoint); exporting them is not supported: serve the original checkpoint")
+                          "checkpoint, or trained with eagle.norm_output); exporting them is not supported: "
+                          "decode with headway, or serve the original speculators checkpoint")
 
 
 def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine: str) -> Export:

@@ -27,7 +27,7 @@ from .blocks import anchor_candidates, block_predictions, draft_blocks, row_draw
 from .calibration import calibration_sums
 from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
-from .eagle import _EagleTask
+from .eagle import _EagleTask, pass_deepest_feature_through, refuse_other_shapes, target_layer_modules
 from .ttt import acceptance_stats
 
 
@@ -97,26 +97,13 @@ def init_from_target_layer(heads: DFlashDrafter, target: nn.Module, layer: int) 
     """Start every draft layer as a copy of the target's decoder layer ``layer`` (0-based), ``fc``
     as a pass-through of the deepest fused feature, ``hidden_norm`` as that layer's input norm (the
     context enters k_proj / v_proj as the layer's normed residual stream would) and ``norm`` as the
-    target's final norm. EAGLE-3's ``init_layer`` did this for +0.05 held-out top-1 on SmolLM2.
+    target's final norm, as EAGLE-3's ``init_layer`` does.
 
     Needs Llama-style module names; q/k norms (absent in Llama) stay as built. Biases are copied
     where both layers have them. Every shape is checked before anything is copied."""
-    layers = getattr(target.get_decoder(), "layers", None)
-    if layers is None or not -len(layers) <= layer < len(layers):
-        n = "no" if layers is None else len(layers)
-        raise ValueError(f"dflash.init_layer={layer}: the target has {n} decoder layers")
-    src = layers[layer]
-    try:
-        found = {n: src.get_submodule(n) for n in _COPIED}
-    except AttributeError as e:
-        raise ValueError(f"dflash.init_layer: the target's layer {layer} ({type(src).__name__}) lacks Llama-style "
-                         f"modules: {e}") from None
-    for dst in heads.layers:
-        for n in _COPIED:
-            theirs, ours = found[n].weight.shape, dst.get_submodule(n).weight.shape
-            if tuple(theirs) != tuple(ours):
-                raise ValueError(f"dflash.init_layer: {n} is {tuple(theirs)} in the target and {tuple(ours)} "
-                                 "in the drafter")
+    found, index = target_layer_modules(target, layer, _COPIED, "dflash.init_layer")
+    refuse_other_shapes(((found[n].weight.shape, dst.get_submodule(n).weight.shape, n)
+                         for dst in heads.layers for n in _COPIED), "dflash.init_layer")
     with torch.no_grad():
         for dst in heads.layers:
             for n in _COPIED:
@@ -124,14 +111,9 @@ def init_from_target_layer(heads: DFlashDrafter, target: nn.Module, layer: int) 
                 mine.weight.copy_(theirs.weight)
                 if getattr(mine, "bias", None) is not None and getattr(theirs, "bias", None) is not None:
                     mine.bias.copy_(theirs.bias)
-        H = heads.config.hidden_size
-        heads.fc.weight.zero_()
-        heads.fc.weight[:, -H:].copy_(torch.eye(H))  # the deepest fused layer passes through
         heads.hidden_norm.weight.copy_(found["input_layernorm"].weight)
-        norm = getattr(target.get_decoder(), "norm", None)
-        if norm is not None and getattr(norm, "weight", None) is not None:
-            heads.norm.weight.copy_(norm.weight)
-    return {"layer": layer % len(layers), "fc": f"identity on aux layer {heads.feature_layers[-1]}"}
+        pass_deepest_feature_through(heads, target)
+    return {"layer": index, "fc": f"identity on aux layer {heads.feature_layers[-1]}"}
 
 
 def least_used_token(counts: Tensor) -> int:

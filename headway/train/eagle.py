@@ -10,6 +10,7 @@ knows which route its batch came by.
 from __future__ import annotations
 
 from pathlib import Path
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -80,6 +81,42 @@ def init_lm_head(heads: Eagle3Drafter, target: nn.Module) -> None:
         heads.lm_head.weight.copy_(W[ids.to(W.device)].to(heads.lm_head.weight))
 
 
+def target_layer_modules(target: nn.Module, layer: int, names: Sequence[str],
+                         option: str) -> tuple[dict[str, nn.Module], int]:
+    """The submodules ``names`` (Llama-style: ``self_attn.q_proj``, ``mlp.gate_proj``, ...) of the
+    target's decoder layer ``layer`` (0-based, negative from the end) and the layer's index; a layer
+    out of range or other module names are refused naming ``option``."""
+    layers = getattr(target.get_decoder(), "layers", None)
+    if layers is None or not -len(layers) <= layer < len(layers):
+        n = "no" if layers is None else len(layers)
+        raise ValueError(f"{option}={layer}: the target has {n} decoder layers")
+    src = layers[layer]
+    try:
+        return {n: src.get_submodule(n) for n in names}, layer % len(layers)
+    except AttributeError as e:
+        raise ValueError(f"{option}: the target's layer {layer} ({type(src).__name__}) lacks Llama-style "
+                         f"modules: {e}") from None
+
+
+def refuse_other_shapes(pairs: Iterable[tuple[Sequence[int], Sequence[int], str]], option: str) -> None:
+    """(target shape, drafter shape, name) triples: every one must agree, checked before any copy so
+    that a refusal leaves the drafter as it was."""
+    for theirs, ours, n in pairs:
+        if tuple(theirs) != tuple(ours):
+            raise ValueError(f"{option}: {n} is {tuple(theirs)} in the target and {tuple(ours)} in the drafter")
+
+
+def pass_deepest_feature_through(heads: nn.Module, target: nn.Module) -> None:
+    """``fc`` picks the deepest fused feature (the last H columns) and ``norm`` is the target's
+    final norm: with a copied target layer, the drafter starts where that layer's stream is."""
+    H = heads.config.hidden_size
+    heads.fc.weight.zero_()
+    heads.fc.weight[:, -H:].copy_(torch.eye(H))
+    norm = getattr(target.get_decoder(), "norm", None)
+    if norm is not None and getattr(norm, "weight", None) is not None:
+        heads.norm.weight.copy_(norm.weight)
+
+
 def init_from_target_layer(heads: Eagle3Drafter, target: nn.Module, layer: int) -> dict[str, Any]:
     """Start EAGLE-3's decoder layer as a copy of the target's decoder layer ``layer`` (0-based),
     ``fc`` as the pick of the deepest fused feature, and ``norm`` as the target's final norm.
@@ -89,41 +126,25 @@ def init_from_target_layer(heads: Eagle3Drafter, target: nn.Module, layer: int) 
     its residual stream. Needs Llama-style module names (``self_attn.q_proj``, ``mlp.gate_proj``,
     ``input_layernorm``, ...); anything else is refused by name. Biases (Qwen2's q/k/v) are not
     copied: the drafter's layer has none."""
-    layers = getattr(target.get_decoder(), "layers", None)
-    if layers is None or not -len(layers) <= layer < len(layers):
-        n = "no" if layers is None else len(layers)
-        raise ValueError(f"eagle.init_layer={layer}: the target has {n} decoder layers")
-    src = layers[layer]
     dst = heads.midlayer
-    H = heads.config.hidden_size
     names = {"self_attn.o_proj": dst.self_attn.o_proj, "mlp.gate_proj": dst.mlp.gate_proj,
              "mlp.up_proj": dst.mlp.up_proj, "mlp.down_proj": dst.mlp.down_proj,
              "post_attention_layernorm": dst.post_attention_layernorm, "input_layernorm": dst.input_layernorm}
-    try:
-        found = {n: src.get_submodule(n) for n in [*names, "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]}
-    except AttributeError as e:
-        raise ValueError(f"eagle.init_layer: the target's layer {layer} ({type(src).__name__}) lacks Llama-style "
-                         f"modules: {e}") from None
-    # every check before any copy: a refusal leaves the drafter as it was. q/k/v: each half is the target's
+    qkv = ("q_proj", "k_proj", "v_proj")
+    found, index = target_layer_modules(target, layer, [*names, *(f"self_attn.{n}" for n in qkv)], "eagle.init_layer")
     pairs = [(found[n].weight.shape, mod.weight.shape, n) for n, mod in names.items()]
     pairs += [((w.shape[0], 2 * w.shape[1]), getattr(dst.self_attn, n).weight.shape, f"self_attn.{n} (2 halves)")
-              for n in ("q_proj", "k_proj", "v_proj") for w in [found[f"self_attn.{n}"].weight]]
-    for theirs, ours, n in pairs:
-        if tuple(theirs) != tuple(ours):
-            raise ValueError(f"eagle.init_layer: {n} is {tuple(theirs)} in the target and {tuple(ours)} in the drafter")
+              for n in qkv for w in [found[f"self_attn.{n}"].weight]]  # q/k/v: each half is the target's
+    refuse_other_shapes(pairs, "eagle.init_layer")
     with torch.no_grad():
         for n, mod in names.items():
             mod.weight.copy_(found[n].weight)
         dst.hidden_norm.weight.copy_(found["input_layernorm"].weight)
-        for n in ("q_proj", "k_proj", "v_proj"):
+        for n in qkv:
             w = found[f"self_attn.{n}"].weight  # (out, H)
             getattr(dst.self_attn, n).weight.copy_(torch.cat([w, w], dim=1))  # (out, 2H): embed | hidden halves
-        heads.fc.weight.zero_()
-        heads.fc.weight[:, 2 * H:].copy_(torch.eye(H))  # the deepest fused layer passes through
-        norm = getattr(target.get_decoder(), "norm", None)
-        if norm is not None and getattr(norm, "weight", None) is not None:
-            heads.norm.weight.copy_(norm.weight)
-    return {"layer": layer % len(layers), "fc": f"identity on aux layer {heads.feature_layers[-1]}"}
+        pass_deepest_feature_through(heads, target)
+    return {"layer": index, "fc": f"identity on aux layer {heads.feature_layers[-1]}"}
 
 
 class _EagleTask:
