@@ -30,7 +30,10 @@ and trains each kind briefly with `headway train` (DFlash with blocks of draft l
 drafts num_speculative_tokens + 1 slots, and a block's slots attend to each other). A negative
 control exports the trained EAGLE-3 (and DFlash) heads with their aux layer ids one too low (what
 SGLang's numbering would do in vLLM): the token ids stay equal (speculation is lossless), so only the
-acceptance comparison can catch it — and must.
+acceptance comparison can catch it — and must. The kind `eagle3-norms` is EAGLE-3 trained with
+speculators' three norm options (`eagle.norm_before_fc`, `eagle.norm_before_residual`,
+`eagle.norm_output`), which vLLM computes from the exported config; its negative control writes
+`norm_before_residual` and `norm_output` false (what an exporter that dropped them would write).
 
 Formats (--formats): `vllm` (every kind, the target named in `speculative_config`) and `speculators`
 (EAGLE-3 and DFlash; vLLM 0.32.0 has no EAGLE-1 or Medusa speculators type). A speculators export is started
@@ -53,6 +56,9 @@ import time
 from pathlib import Path
 
 DEFAULT_VENV = "~/.cache/headway/vllm-venv"
+# EAGLE-3 trained with speculators' three norm options, which vLLM computes (llama_eagle3.py)
+NORMS_KIND = "eagle3-norms"
+NORM_OPTIONS = ("norm_before_fc", "norm_before_residual", "norm_output")
 DEFAULT_WORK = "~/.cache/headway/interop"
 METRIC = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
@@ -158,6 +164,8 @@ def train_heads(target_dir: Path, work: Path, kinds: list[str], steps: int, K: i
     found = []
     for kind in kinds:
         out = work / f"train-{kind}"
+        norms = [f"eagle.{k}=true" for k in NORM_OPTIONS] if kind == NORMS_KIND else []
+        kind = "eagle3" if kind == NORMS_KIND else kind
         final = [c.parent for c in sorted((out / "final").glob("**/config.json"))] if (out / "final").exists() else []
         if not final:
             subprocess.run(hw + ["train", f"kind={kind}", f"target={target_dir}", f"data={data}", f"output_dir={out}",
@@ -166,7 +174,7 @@ def train_heads(target_dir: Path, work: Path, kinds: list[str], steps: int, K: i
                                  f"medusa.num_heads={K}", "eagle.ttt_steps=3"]
                            # EAGLE-1 exports drop a draft vocabulary (vLLM drafts over all rows): keep the
                            # full one here so headway and vLLM draft the same tokens
-                           + ([f"eagle.draft_vocab_size={min(512, vocab)}"] if kind == "eagle3" else [])
+                           + ([f"eagle.draft_vocab_size={min(512, vocab)}"] if kind == "eagle3" else []) + norms
                            # DFlash: the engine drafts blocks of num_speculative_tokens + 1, and a block's
                            # slots attend to each other, so the drafter is trained with exactly that block
                            + ([f"dflash.block_size={K + 1}", f"dflash.draft_vocab_size={min(512, vocab)}",
@@ -176,6 +184,12 @@ def train_heads(target_dir: Path, work: Path, kinds: list[str], steps: int, K: i
             final = [c.parent for c in sorted((out / "final").glob("**/config.json"))]
         found += final[:1]
     return found
+
+
+def case_kind(heads) -> str:
+    """The kind, or NORMS_KIND for EAGLE-3 drafters with any of speculators' norm options."""
+    on = heads.kind == "eagle3" and any(getattr(heads.config, k) for k in NORM_OPTIONS)
+    return NORMS_KIND if on else heads.kind
 
 
 def dflash_layers_of(target_dir: Path) -> str:
@@ -349,17 +363,22 @@ def supports(fmt: str, kind: str) -> bool:
 def negative_control(python: Path, work: Path, target_dir: Path, target, tok, cases: list, prompts: list,
                      K: int, N: int, args: argparse.Namespace, fmt: str = "vllm", kind: str = "eagle3") -> dict | None:
     """The check must be able to fail: trained EAGLE-3 (or DFlash) heads exported with the aux layer
-    ids one too low (the SGLang numbers given to vLLM) must show different acceptance. Passes when it does."""
+    ids one too low (the SGLang numbers given to vLLM), and EAGLE-3 heads trained with speculators'
+    norms exported as if trained without them, must show different acceptance. Passes when they do."""
     from headway.heads.export import export_heads
 
-    heads = next((h for name, h, exact in cases if h.kind == kind and not exact), None)
+    heads = next((h for name, h, exact in cases if case_kind(h) == kind and not exact), None)
     if heads is None:
         print(f"negative control skipped: it needs trained {kind} heads (--heads or --train-steps)", flush=True)
         return None
     name = f"negative-control-{kind}" + ("" if fmt == "vllm" else f"@{fmt}")
     folder = export_heads(heads, fmt, work / name)
     cfg = json.loads((folder / "config.json").read_text())
-    if kind == "dflash" and fmt == "vllm":  # the reference layout numbers layers by decoder-layer output
+    if kind == NORMS_KIND:  # input_norm stays: vLLM loads it only when norm_before_fc says so
+        right = {k: cfg[k] for k in ("norm_before_residual", "norm_output")}
+        wrong = {k: False for k in right}
+        cfg |= wrong
+    elif kind == "dflash" and fmt == "vllm":  # the reference layout numbers layers by decoder-layer output
         right = cfg["dflash_config"]["target_layer_ids"]
         wrong = cfg["dflash_config"]["target_layer_ids"] = [i - 1 for i in right]
     else:
@@ -369,12 +388,13 @@ def negative_control(python: Path, work: Path, target_dir: Path, target, tok, ca
         if "eagle_config" in cfg:
             cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = wrong
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    spec, model = engine_run(fmt, kind, folder, K)
+    spec, model = engine_run(fmt, heads.kind, folder, K)
     hw = run_headway(target, tok, heads, prompts, K, N)
     row = compare(name, hw, run_vllm(python, work, name, target_dir, spec, prompts, N, args.timeout, model),
                   {"ids": hw["ids"]}, K, False, args.tolerance)
     row["acceptance_ok"] = not row["acceptance_ok"]  # a mismatch is the expected outcome
-    row["note"] = f"aux ids {wrong} instead of {right}: acceptance must differ"
+    what = "aux ids" if kind != NORMS_KIND else "norm options"
+    row["note"] = f"{what} {wrong} instead of {right}: acceptance must differ"
     return row
 
 
@@ -383,8 +403,9 @@ def main() -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--target", help="target folder / Hub id / 'demo' (default: cached demo, else tiny preset)")
     ap.add_argument("--heads", nargs="*", default=[], help="trained native heads checkpoints for this target")
-    ap.add_argument("--kinds", nargs="*", default=["medusa", "eagle1", "eagle3", "dflash"],
-                    help="kinds to check (probe drafters for all but dflash; trained heads for every one)")
+    ap.add_argument("--kinds", nargs="*", default=["medusa", "eagle1", "eagle3", NORMS_KIND, "dflash"],
+                    help=f"kinds to check (probe drafters for all but dflash and {NORMS_KIND}, EAGLE-3 trained "
+                         "with speculators' three norm options; trained heads for every one)")
     ap.add_argument("--no-probes", action="store_true", help="only the trained heads")
     ap.add_argument("--formats", nargs="*", default=["vllm", "speculators"], choices=["vllm", "speculators"],
                     help="export formats to run (speculators: EAGLE-3 and DFlash heads only)")
@@ -433,19 +454,24 @@ def main() -> int:
     greedy = [p + ids for p, ids in zip(prompts, base["ids"])]
     tokens = probe_tokens(greedy, K)
     cases = [] if args.no_probes else [(f"probe-{kind}", probe_heads(target, kind, tokens, K), True)
-                                       for kind in args.kinds if kind != "dflash"]  # no DFlash probe: trained only
+                                       for kind in args.kinds if kind not in ("dflash", NORMS_KIND)]  # trained only
     trained = find_trained_heads(target_dir, args.heads)
     if not trained and args.train_steps:
         trained = train_heads(target_dir, work, args.kinds, args.train_steps, K,
                               int(target.get_output_embeddings().weight.shape[0]))
     for h in trained:
         heads = load_heads(str(h), target=target)
-        cases.append((f"trained-{heads.kind}", heads, False))
+        if case_kind(heads) not in args.kinds:
+            continue
+        cases.append((f"trained-{case_kind(heads)}", heads, False))
     if not any(not exact for _, _, exact in cases):
         print("no trained heads for this target (give --heads, --train-steps N, or train into runs/): probes only",
               flush=True)
 
     rows, timings = [], {}
+    names = [name for name, _, _ in cases]  # two trained heads of one kind (--heads): number them
+    cases = [(name + (f"-{names[:i].count(name) + 1}" if names.count(name) > 1 else ""), h, e)
+             for i, (name, h, e) in enumerate(cases)]
     runs = [(f"{name}" + ("" if fmt == "vllm" else f"@{fmt}"), heads, exact, fmt)
             for name, heads, exact in cases for fmt in args.formats if supports(fmt, heads.kind)]
     hw_cache: dict[int, dict] = {}  # headway's decode does not depend on the export format
@@ -469,7 +495,7 @@ def main() -> int:
         print(json.dumps(row), flush=True)
 
     if args.negative_control:
-        for kind in [k for k in ("eagle3", "dflash") if k in args.kinds]:
+        for kind in [k for k in ("eagle3", NORMS_KIND, "dflash") if k in args.kinds]:
             for fmt in args.formats:
                 control = negative_control(python, work, target_dir, target, tok, cases, prompts, K, N, args, fmt,
                                            kind)

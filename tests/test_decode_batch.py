@@ -18,7 +18,7 @@ from headway.testing import tiny_target
 from test_decode_exact import OracleProposer, make_heads, prompts, reference, tie_free
 
 CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "dflash") for shape in ("chain-4", "dynamic-4-4-12")] + \
-    [("medusa", "mc_sim_7b_63"), ("dflash-vocab", "mc_sim_7b_63")]
+    [("medusa", "mc_sim_7b_63"), ("dflash-vocab", "mc_sim_7b_63"), ("dflash-correction", "dynamic-4-4-12")]
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,7 @@ def alternating(spec):
 
 
 CASES = [("eagle3", "dynamic-3-3-8", False), ("medusa", "mc_sim_7b_63", False), ("eagle3", "chain-3", False),
-         ("dflash", "chain-3", False), ("eagle3", "chain-3", True)]
+         ("dflash", "chain-3", False), ("eagle3", "chain-3", True), ("dflash-correction", "dynamic-3-3-8", False)]
 
 
 @pytest.mark.parametrize("kind,shape,plain_steps", CASES)

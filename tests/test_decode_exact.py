@@ -21,8 +21,8 @@ from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHea
 from headway.testing import ARCHITECTURES, sample_texts, tiny_target
 
 SHAPES = ["chain-4", "mc_sim_7b_63", "dynamic-4-4-12"]
-KINDS = ["medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab"]  # -vocab: a reduced
-# draft vocabulary
+KINDS = ["medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab",
+         "dflash-correction"]  # -vocab: a reduced draft vocabulary; -correction: DFlash with a path correction
 
 
 def draft_vocab(model, n=200, seed=5):
@@ -44,7 +44,12 @@ def make_heads(kind, model, seed=1, vocab=None):
     if kind.startswith("eagle1"):
         return Eagle1Drafter.for_target(model, draft_vocab=vocab)
     if kind.startswith("dflash"):  # 2 layers, a block of 5: 4 drafted depths
-        return DFlashDrafter.for_target(model, mask_token_id=3, block_size=5, num_layers=2, draft_vocab=vocab)
+        heads = DFlashDrafter.for_target(model, mask_token_id=3, block_size=5, num_layers=2, draft_vocab=vocab,
+                                         correction_rank=8 if kind.endswith("-correction") else 0)
+        if heads.has_correction:
+            with torch.no_grad():  # the correction starts at zero; random so drafts depend on the path
+                heads.correction.out.weight.normal_(0, 1.0)
+        return heads
     return Eagle3Drafter.for_target(model, draft_vocab_size=200)
 
 
@@ -146,7 +151,7 @@ def greedy_cases(models):
 # layout), and together they run every kind once more off llama.
 ARCH_KINDS = {"qwen2": ("eagle3", "medusa-vocab"), "qwen3": ("dflash-vocab", "eagle1"),
               "mistral": ("dflash", "eagle1-vocab"), "phi3": ("eagle3", "medusa"),
-              "gpt_neox": ("eagle3", "dflash")}
+              "gpt_neox": ("eagle3", "dflash-correction")}
 MATRIX = [("llama", kind) for kind in KINDS] + [(arch, kind) for arch, kinds in ARCH_KINDS.items() for kind in kinds]
 assert {a for a, _ in MATRIX} == set(ARCHITECTURES) and {k for a, k in MATRIX if a != "llama"} == set(KINDS)
 

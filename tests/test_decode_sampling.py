@@ -63,7 +63,12 @@ def heads_for(kind, model):
     if kind.startswith("eagle1"):
         return Eagle1Drafter.for_target(model, draft_vocab=vocab)
     if kind.startswith("dflash"):
-        return DFlashDrafter.for_target(model, mask_token_id=4, block_size=4, num_layers=1, draft_vocab=vocab)
+        h = DFlashDrafter.for_target(model, mask_token_id=4, block_size=4, num_layers=1, draft_vocab=vocab,
+                                     correction_rank=4 if kind.endswith("-correction") else 0)
+        if h.has_correction:
+            with torch.no_grad():  # random, so each depth's draft depends on the path above it
+                h.correction.out.weight.normal_(0, 1.0)
+        return h
     h = Eagle3Drafter.for_target(model, draft_vocab_size=4)
     h.set_draft_vocab(torch.tensor([1, 2, 3, 5]))
     return h
@@ -166,7 +171,7 @@ def seed_of(*parts) -> int:
     return zlib.crc32("/".join(parts).encode()) % 1000
 
 
-KINDS = ("medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab")
+KINDS = ("medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab", "dflash-correction")
 # Every kind with the dynamic tree (the most branching), every shape with one Medusa and one EAGLE
 # kind: 11 cases keep CI's suite short; HEADWAY_FULL_SAMPLING=1 runs all 21 (and all 7 sampled chains).
 CASES = [(kind, shape) for kind in KINDS for shape in ("chain-3", "mc_sim_7b_63", "dynamic-3-3-8")
@@ -336,14 +341,14 @@ def smoothed_heads(kind, model):
     return h
 
 
-@pytest.mark.parametrize("kind", KINDS if FULL else ("eagle3", "medusa-vocab", "dflash"))
+@pytest.mark.parametrize("kind", KINDS if FULL else ("eagle3", "medusa-vocab", "dflash", "dflash-correction"))
 def test_sampled_chain_drafts_match_target(target, kind):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree="chain-3")
     probs = exact_distribution(target, params)
     n = N_CHAIN  # every sample drafts anew, so fewer than the memoised tests above
     seed = {"medusa": 12, "eagle1": 13, "eagle3": 14, "medusa-vocab": 15, "eagle1-vocab": 16, "dflash": 17,
-            "dflash-vocab": 18}[kind]
+            "dflash-vocab": 18, "dflash-correction": 19}[kind]
     counts = sampled_chain_samples(spec, params, n, seed=seed)
     assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
     assert total_variation(counts, probs, n) < tv_bound(probs, n)

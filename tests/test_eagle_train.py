@@ -93,20 +93,23 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
 
 
 def test_norm_output_trains_feeds_normed_states_back_and_decodes_exactly(setup, tmp_path):
-    """eagle.norm_output: the flag reaches the drafter (a different loss from the same seed), survives
-    save/load, the decoder's output equals the target's greedy one, and the vLLM export refuses it
-    by name before writing anything."""
+    """eagle.norm_output (and speculators' other two norms): the flags reach the drafter (a different
+    loss from the same seed), survive save/load, the decoder's output equals the target's greedy one,
+    and the SGLang export refuses by name before writing anything (the vLLM exports carry them:
+    test_export_roundtrip.py; this 2-layer target's default aux layers cannot be exported at all)."""
     from headway.decode import Speculator
     from headway.heads.export import export_heads
     from headway.heads.export_layouts import ExportError
 
     target, tok = load_target(str(setup[1]), device="cpu")
     plain = fit(config(setup, tmp_path / "plain", "eagle3"), target, tok)
-    normed = fit(config(setup, tmp_path / "normed", "eagle3", **{"eagle.norm_output": True}), target, tok)
+    norms = {"norm_output": True, "norm_before_fc": True, "norm_before_residual": True}
+    normed = fit(config(setup, tmp_path / "normed", "eagle3", **{f"eagle.{k}": v for k, v in norms.items()}),
+                 target, tok)
     assert losses(tmp_path / "normed")[0] != losses(tmp_path / "plain")[0]
     assert load_heads(plain, target=target).config.norm_output is False
     heads = load_heads(normed, target=target)
-    assert heads.config.norm_output is True
+    assert {k: getattr(heads.config, k) for k in norms} == norms
     h = torch.randn(1, 3, 64)
     assert torch.equal(heads.logits(h), heads.lm_head(h))  # fed back normed: lm_head reads it as is
     ids = torch.tensor([[5, 17, 33, 80]])
@@ -114,13 +117,14 @@ def test_norm_output_trains_feeds_normed_states_back_and_decodes_exactly(setup, 
                           pad_token_id=2)[0, 4:].tolist()
     assert Speculator(target, tok, heads, tree="chain-3").generate(ids, max_new_tokens=10).ids == ref
     with pytest.raises(ExportError, match="norm_output"):
-        export_heads(normed, "vllm", tmp_path / "normed-vllm", target=target)
-    assert not (tmp_path / "normed-vllm").exists()
+        export_heads(normed, "sglang", tmp_path / "normed-sglang", target=target)
+    assert not (tmp_path / "normed-sglang").exists()
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
-def test_resume_reproduces_the_uninterrupted_run(setup, tmp_path, kind):
-    kw = {"max_steps": 6, "eval_fraction": 0.0, "save_every": 2}
+@pytest.mark.parametrize("kind,optimizer", [("eagle1", "adamw"), ("eagle3", "adamw"), ("eagle3", "muon")])
+def test_resume_reproduces_the_uninterrupted_run(setup, tmp_path, kind, optimizer):
+    """Muon's momentum and AdamW's moments both come back from the checkpoint."""
+    kw = {"max_steps": 6, "eval_fraction": 0.0, "save_every": 2, "optim.name": optimizer}
     full, part = tmp_path / "full", tmp_path / "part"
     train(config(setup, full, kind, **kw))
     assert train(config(setup, part, kind, stop_after=3, **kw)).name == "checkpoint-3"

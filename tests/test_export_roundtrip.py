@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from headway.cli import main
 from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsError, MedusaHeads
-from headway.heads.export import EXPORTERS, export_heads
+from headway.heads.export import EXPORTERS, ExportError, export_heads
 from headway.heads.hub import HubError, push_heads
 from headway.heads.importers import import_heads
 from headway.testing import tiny_target
@@ -80,6 +80,33 @@ def test_export_then_import_gives_the_same_heads(target_and_tok, tmp_path, kind,
     for k, v in mine.items():
         assert torch.equal(theirs[k], v), k
     assert decode(target, tok, back) == decode(target, tok, heads)  # the same heads decode alike, end to end
+
+
+NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}  # speculators' defaults
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "speculators"])
+def test_eagle3_with_speculators_norms_exports_them_for_vllm_and_imports_back(target_and_tok, tmp_path, fmt):
+    """vLLM (0.32) computes speculators' three EAGLE-3 norms, so both vLLM formats carry them (and
+    input_norm for norm_before_fc) and read back as the same drafter; the engines that do not
+    compute them refuse by option name and write nothing."""
+    target, tok = target_and_tok
+    heads = randomized(Eagle3Drafter.for_target(target, draft_vocab_size=100, aux_layers=[1, 2, 3], **NORMS))
+    heads.set_draft_vocab(torch.arange(0, 300, 3))
+    native = heads.save_pretrained(tmp_path / "h")
+    out = export_heads(native, fmt, tmp_path / "out")
+    cfg = json.loads((out / "config.json").read_text())
+    assert {k: cfg[k] for k in NORMS} == NORMS and cfg.get("fc_norm", False) is False
+    assert load_file(str(out / "model.safetensors"))["input_norm.weight"].shape == (3 * heads.config.hidden_size,)
+    back = import_heads(out, target=target)
+    assert back.config == heads.config
+    for k, v in heads.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    assert decode(target, tok, back) == decode(target, tok, heads)
+    for engine in ("sglang", "trtllm"):
+        with pytest.raises(ExportError, match=f"norm_before_fc.*which {engine} does not compute"):
+            export_heads(native, engine, tmp_path / engine)
+        assert not (tmp_path / engine).exists()
 
 
 def test_import_of_a_vllm_medusa_export_keeps_the_truncated_vocab(target_and_tok, tmp_path):

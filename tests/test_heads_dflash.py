@@ -147,3 +147,43 @@ def test_parameters_are_distinct_per_layer(llama):
     assert len(ptrs) == len(list(three.parameters()))
     with pytest.raises(HeadsError, match="not attached"):
         DFlashDrafter(one.config).target_embed
+
+
+def test_path_correction_starts_as_the_block_then_reads_the_path(llama, tmp_path):
+    """correction_rank: untrained (its map is zero) every slot reads as the plain block; with weights,
+    a slot's distribution changes with the token drafted before it, the decoder's node-by-node steps
+    equal training's teacher-forced states, and the correction survives save / load. No engine
+    computes it, so the exports refuse it by name."""
+    from headway.heads.export import ExportError, export_heads
+
+    model, _ = llama
+    d = drafter(model, torch.arange(50, 150), correction_rank=8, aux_layers=[1, 3])
+    ids = list(range(5, 25))
+    a = 7
+    feats = [f[:, :a] for f in features(model, ids, d.feature_layers)]
+    parents = torch.tensor([ids[a:a + d.block_size - 1]])  # (1, 3): the anchor, then the data's tokens
+    with torch.no_grad():
+        out = d.block_outputs(torch.tensor([ids[a]]), torch.tensor([a]),
+                              d.context_kv(d.fuse(feats), torch.arange(a)[None]))  # (1, 3, H)
+        torch.testing.assert_close(d.logits(out, d.path_states(out, parents)), d.logits(out))
+        d.correction.out.weight.normal_(0, 1.0)
+        want = torch.log_softmax(d.logits(out, d.path_states(out, parents)).float(), dim=-1)[0]  # (3, Vd)
+        assert not torch.allclose(want, torch.log_softmax(d.logits(out).float(), dim=-1)[0], atol=1e-3)
+
+        p = DFlashProposer(d)
+        p.prefill(torch.tensor([ids[:a]]), feats, torch.tensor(ids[a]))
+        torch.testing.assert_close(p.root_logprobs(), want[0], rtol=1e-5, atol=1e-5)
+        twin = p.fork()
+        torch.testing.assert_close(p.expand(torch.tensor([0]), parents[0, 1:2], 1)[0], want[1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(p.expand(torch.tensor([0]), parents[0, 2:3], 2)[0], want[2], rtol=1e-5, atol=1e-5)
+        other = twin.expand(torch.tensor([0]), torch.tensor([ids[a + 1] + 1]), 1)[0]  # another parent token
+        assert not torch.allclose(other, want[1], atol=1e-3)
+
+    path = d.save_pretrained(tmp_path / "corr")
+    back = load_heads(path, target=model)
+    assert back.config.correction_rank == 8
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in d.state_dict().items())
+    for fmt in ("vllm", "speculators"):
+        with pytest.raises(ExportError, match="path correction"):
+            export_heads(path, fmt, tmp_path / fmt, target=model)
+        assert not (tmp_path / fmt).exists()

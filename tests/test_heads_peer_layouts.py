@@ -143,8 +143,11 @@ def test_speculators_norms_survive_save_and_load(target, tmp_path):
     d = import_eagle(write(tmp_path / "spec", speculators_config([1, 3, 4], **flags), t), target=target)
     back = load_heads(d.save_pretrained(tmp_path / "native"), target=target)
     check_against_reference(back, t, "layers.0.", target, [1, 3, 4], **flags)
-    with pytest.raises(ExportError, match="speculators' options"):
-        export_heads(tmp_path / "native", "vllm", tmp_path / "out")
+    with pytest.raises(ExportError, match="speculators' options"):  # SGLang does not compute them
+        export_heads(tmp_path / "native", "sglang", tmp_path / "out")
+    cfg = json.loads((export_heads(tmp_path / "native", "vllm", tmp_path / "vllm-out") / "config.json")
+                     .read_text())  # vLLM does: served as trained
+    assert {k: cfg[k] for k in flags} == flags
 
 
 def test_speculators_fc_norm_is_refused(target, tmp_path):

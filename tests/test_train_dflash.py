@@ -120,6 +120,28 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
     assert '"acc_slot1"' in log and '"acc_slot3"' in log
 
 
+def test_path_correction_trains_with_the_block(setup, tmp_path):
+    """dflash.correction_rank: the correction's GRU and map train with the block (the map from zero),
+    the evaluation runs the corrected drafts, and the decoder stays exact."""
+    from headway.decode import Speculator
+
+    target, tok = load_target(str(setup[1]), device="cpu")
+    final = fit(config(setup, tmp_path / "run", **{"dflash.correction_rank": 16}), target, tok)
+    heads = load_heads(final, target=target)
+    assert heads.has_correction and heads.config.correction_rank == 16
+    assert heads.correction.out.weight.abs().max() > 0  # it started at zero
+    torch.manual_seed(0)
+    fresh = DFlashTask(config(setup, tmp_path / "init", **{"dflash.correction_rank": 16})).build(target)
+    for name, p in heads.correction.named_parameters():
+        assert not torch.equal(p, dict(fresh.correction.named_parameters())[name]), f"{name} did not train"
+    ev = json.loads((final / "config.json").read_text())["metadata"]["eval"]
+    assert 1.0 <= ev["tau"] <= 4.0 and len(ev["top1"]) == 3
+    ids = torch.tensor([[5, 17, 33, 80]])
+    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                          pad_token_id=2)[0, 4:].tolist()
+    assert Speculator(target, tok, heads, tree="dynamic-3-3-8").generate(ids, max_new_tokens=12).ids == ref
+
+
 def test_calibration_is_fitted_per_slot(setup, tmp_path):
     """`headway tune --calibration-data` on DFlash heads: one temperature per drafted depth."""
     from headway.train.calibration import fit_calibration

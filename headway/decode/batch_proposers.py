@@ -251,7 +251,8 @@ class EagleBatchProposer:
 
 class DFlashBatchProposer:
     """DFlash over B rows: the context keys / values of every row in one padded layout, one block
-    forward per step for all rows; depth d's distribution ignores the parent token (as Medusa's)."""
+    forward per step for all rows; depth d's distribution ignores the parent token (as Medusa's),
+    unless the drafter has a path correction (one step per node, as ``DFlashProposer``)."""
 
     def __init__(self, drafter: DFlashDrafter, temperatures: Sequence[float] | None = None) -> None:
         self.drafter = drafter
@@ -263,7 +264,10 @@ class DFlashBatchProposer:
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # (B, S) real context slots
         self.base = torch.zeros(0, dtype=torch.long)  # (B,) each row's next root position
         self.roots = torch.zeros(0, dtype=torch.long)  # (B,) each row's next block anchor
-        self.logp: torch.Tensor | None = None  # (B, bs - 1, Vd)
+        self.logp: torch.Tensor | None = None  # (B, bs - 1, Vd) (no correction)
+        self.out: torch.Tensor | None = None  # (B, bs - 1, H) slot outputs (correction)
+        self.slot_logits: torch.Tensor | None = None  # (B, bs - 1, Vd) slot logits before the correction
+        self.state: torch.Tensor | None = None  # (B, rows of the last call, r) correction states
 
     def _write(self, features: list[torch.Tensor], pos: torch.Tensor, new_valid: torch.Tensor) -> None:
         d = self.drafter
@@ -299,10 +303,25 @@ class DFlashBatchProposer:
         block = torch.ones(B, bs, bs, dtype=torch.bool, device=x.device)
         mask = additive(after_prefix(self.valid, block), d.fc.weight.dtype)  # (B, 1, bs, S + bs)
         out = d(x, pos, self.context, mask)[:, 1:]  # (B, bs - 1, H)
-        self.logp = F.log_softmax(d.logits(out).float(), dim=-1)
-        return self.logp[:, 0]
+        if not d.has_correction:
+            self.logp = F.log_softmax(d.logits(out).float(), dim=-1)
+            return self.logp[:, 0]
+        self.out, self.slot_logits = out, d.logits(out)  # (B, bs - 1, H), (B, bs - 1, Vd)
+        return self._corrected(None, self.roots[:, None], 0)[:, 0]
+
+    def _corrected(self, state: torch.Tensor | None, parents: torch.Tensor, slot: int) -> torch.Tensor:
+        """Slot ``slot`` after parents (B, n) target ids with states (B, n, r) -> (B, n, Vd)."""
+        d = self.drafter
+        B, n = parents.shape
+        flat = d.correction_step(None if state is None else state.reshape(B * n, -1), parents.reshape(-1),
+                                 self.out[:, slot, None].expand(B, n, -1).reshape(B * n, -1))
+        self.state = flat.view(B, n, -1)
+        return F.log_softmax((self.slot_logits[:, slot, None] + d.correction.out(self.state)).float(), dim=-1)
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        if self.drafter.has_correction:
+            rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+            return self._corrected(self.state[rows, parent_rows], tokens, depth)
         return self.logp[:, depth, None].expand(-1, tokens.shape[1], -1)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -155,7 +155,9 @@ class DFlashProposer:
     The drafter keeps the keys and values of the fused target features at every position whose
     features the target has given (0 .. root - 1); a step's block is [root, mask, ...] at the root's
     position and after. Like Medusa, depth d's distribution does not depend on the parent token, so
-    chains, static (top-k per depth) and dynamic trees all read the same (block_size - 1, Vd) block."""
+    chains, static (top-k per depth) and dynamic trees all read the same (block_size - 1, Vd) block.
+    A drafter with a path correction adds, per tree node, one correction step on its parent's state
+    and the parent's token: depth d's distribution then depends on the path above it."""
 
     def __init__(self, drafter: DFlashDrafter, temperatures: Sequence[float] | None = None) -> None:
         self.drafter = drafter
@@ -166,7 +168,10 @@ class DFlashProposer:
         self.context: ContextKV | None = None
         self.length = 0  # positions in the context: the next root's position
         self.root: torch.Tensor | None = None  # (1,) the next block's anchor
-        self.logp: torch.Tensor | None = None  # (block_size - 1, Vd) of the current tree
+        self.logp: torch.Tensor | None = None  # (block_size - 1, Vd) of the current tree (no correction)
+        self.out: torch.Tensor | None = None  # (block_size - 1, H) slot outputs (correction)
+        self.slot_logits: torch.Tensor | None = None  # (block_size - 1, Vd) slot logits before the correction
+        self.state: torch.Tensor | None = None  # (rows of the last call, r) correction states
 
     def _extend(self, features: list[torch.Tensor], start: int) -> None:
         """features [(1, m, H)] at positions start .. start + m - 1 join the context."""
@@ -189,18 +194,31 @@ class DFlashProposer:
         self.root = tokens[-1:]
 
     def root_logprobs(self) -> torch.Tensor:
+        d = self.drafter
         pos = torch.tensor([self.length], device=self.root.device)
-        self.logp = self.drafter.draft_block(self.root, pos, self.context)[0]  # (bs - 1, Vd)
-        return self.logp[0]
+        out = d.block_outputs(self.root, pos, self.context)[0]  # (bs - 1, H)
+        if not d.has_correction:
+            self.logp = F.log_softmax(d.logits(out).float(), dim=-1)  # (bs - 1, Vd)
+            return self.logp[0]
+        self.out, self.slot_logits = out, d.logits(out)  # (bs - 1, H), (bs - 1, Vd)
+        return self._corrected(None, self.root, 0)[0]
+
+    def _corrected(self, state: torch.Tensor | None, parents: torch.Tensor, slot: int) -> torch.Tensor:
+        """Slot ``slot`` (0-based: depth slot + 1) after n parents (target ids) with states (n, r) -> (n, Vd)."""
+        d, n = self.drafter, parents.numel()
+        self.state = d.correction_step(state, parents, self.out[slot].expand(n, -1))  # (n, r)
+        return F.log_softmax((self.slot_logits[slot] + d.correction.out(self.state)).float(), dim=-1)
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        if self.drafter.has_correction:
+            return self._corrected(self.state[parent_rows], tokens, depth)
         return self.logp[depth].expand(tokens.numel(), -1)
 
     def end_tree(self) -> None:
         pass
 
     def fork(self) -> DFlashProposer:
-        twin = copy.copy(self)
+        twin = copy.copy(self)  # state / out / slot_logits are replaced each tree, never written in place
         twin.context = None if self.context is None else list(self.context)  # extended by new lists only
         return twin
 

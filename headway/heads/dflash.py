@@ -14,6 +14,13 @@ vocabulary (``d2t`` / ``t2d``, EAGLE-3's format), initialised from the target's 
 
 Context features are indexed as HF ``output_hidden_states`` (0 = embeddings, i = output of layer
 i-1); the reference implementation names the same layers by decoder-layer index (ours minus one).
+
+A block's slots see each other only as mask tokens, so slot k's distribution cannot depend on which
+token was drafted at slot k-1. With ``correction_rank`` > 0 a small recurrent head adds that
+dependence (the idea of Domino, a successor of DFlash): a GRU cell walks the draft path, reading at
+each slot the parent token's embedding and the slot's normed output, and a linear map of its state
+is added to the slot's logits. One block call still drafts every depth; the tree pays one GRU step
+and one rank-r projection per node. The map starts at zero: an untrained correction changes nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ class DFlashConfig:
     draft_vocab_size: int | None = opt(None, "own lm_head over this many target tokens (d2t / t2d say which); "
                                              "None = the target's own lm_head, shared and frozen")
     qk_norm: bool = opt(True, "per-head RMSNorm on queries and keys (Qwen3-style, as vLLM's DFlash layers)")
+    correction_rank: int = opt(0, "state size of the path correction (a GRU over the drafted tokens whose state "
+                                  "adds to each slot's logits); 0 = none, the plain DFlash block")
     layer: LayerGeometry = field(default_factory=lambda: LayerGeometry(0, 0, 1, 1, 1))
 
     def __post_init__(self) -> None:
@@ -67,6 +76,23 @@ class DFlashConfig:
                              f"got {self.mask_token_id}")
         if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in 1..{self.vocab_size}; got {self.draft_vocab_size}")
+        if self.correction_rank < 0:
+            raise ValueError(f"correction_rank must be >= 0; got {self.correction_rank}")
+
+
+class PathCorrection(nn.Module):
+    """slot k's logits += out(s_k), s_k = GRU([embed(token at k-1); norm(slot k's output)], s_{k-1}), s_0 = 0."""
+
+    def __init__(self, hidden_size: int, rank: int, vocab: int) -> None:
+        super().__init__()
+        self.cell = nn.GRUCell(2 * hidden_size, rank)
+        self.out = nn.Linear(rank, vocab, bias=False)
+        nn.init.zeros_(self.out.weight)  # starts as the plain block
+
+    def step(self, state: torch.Tensor | None, parent_embeds: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """state (n, r) or None (the root: zeros), parent_embeds (n, H), slot (n, H) normed -> (n, r)."""
+        x = torch.cat([parent_embeds, slot], dim=-1).to(self.cell.weight_ih.dtype)
+        return self.cell(x, state)
 
 
 class DFlashDrafter(DraftVocab, HeadsBase):
@@ -83,13 +109,15 @@ class DFlashDrafter(DraftVocab, HeadsBase):
         if config.draft_vocab_size is not None:
             self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
             self._init_draft_vocab(config.draft_vocab_size, config.vocab_size)
+        if config.correction_rank:
+            self.correction = PathCorrection(H, config.correction_rank, config.draft_vocab_size or config.vocab_size)
         self.rotary = LlamaRotaryEmbedding(g.llama_config())  # inv_freq is a non-persistent buffer
         self.feature_layers = list(config.aux_layers)
 
     @classmethod
     def for_target(cls, target: nn.Module, mask_token_id: int, block_size: int = 8, num_layers: int = 1,
                    aux_layers: list[int] | None = None, draft_vocab: torch.Tensor | None = None,
-                   qk_norm: bool = True) -> "DFlashDrafter":
+                   qk_norm: bool = True, correction_rank: int = 0) -> "DFlashDrafter":
         """A fresh drafter for ``target``; ``draft_vocab`` (target ids) gives it an own lm_head over
         those tokens, initialised from the target's rows."""
         g = LayerGeometry.from_target(target.config)
@@ -97,6 +125,7 @@ class DFlashDrafter(DraftVocab, HeadsBase):
         layers = aux_layers or default_context_layers(int(target.config.num_hidden_layers))
         cfg = DFlashConfig(hidden_size=g.hidden_size, vocab_size=V, block_size=block_size, num_layers=num_layers,
                            aux_layers=list(layers), mask_token_id=int(mask_token_id), qk_norm=qk_norm, layer=g,
+                           correction_rank=correction_rank,
                            draft_vocab_size=None if draft_vocab is None else int(torch.as_tensor(draft_vocab).numel()))
         heads = cls(cfg, TargetInfo.of(target)).to(target.get_output_embeddings().weight.device)
         if draft_vocab is not None:
@@ -113,6 +142,10 @@ class DFlashDrafter(DraftVocab, HeadsBase):
     @property
     def draft_vocab_size(self) -> int:
         return self.config.draft_vocab_size or self.config.vocab_size
+
+    @property
+    def has_correction(self) -> bool:
+        return self.config.correction_rank > 0
 
     # -- the forward pieces -------------------------------------------------------------------
     def fuse(self, target_features: list[torch.Tensor]) -> torch.Tensor:
@@ -142,24 +175,47 @@ class DFlashDrafter(DraftVocab, HeadsBase):
             x = layer(x, cos, sin, k, v, mask)
         return x
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """(B, Q, H) -> (B, Q, Vd): the final norm, then the own draft-vocabulary lm_head or the target's."""
+    def logits(self, h: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, Q, H) -> (B, Q, Vd): the final norm, then the own draft-vocabulary lm_head or the target's;
+        plus the path correction of ``state`` (B, Q, r) when given."""
         h = self.norm(h)
         if self.has_draft_vocab:
-            return self.lm_head(h)
-        lm = self.target_lm_head
-        return lm(h.to(lm.weight.dtype))
+            logits = self.lm_head(h)
+        else:
+            lm = self.target_lm_head
+            logits = lm(h.to(lm.weight.dtype))
+        return logits if state is None else logits + self.correction.out(state).to(logits.dtype)
 
     draft_logits = logits  # the same in every mode
     draft_to_target_ids = DraftVocab.to_target_ids
 
-    def draft_block(self, anchor: torch.Tensor, position: torch.Tensor, context: ContextKV) -> torch.Tensor:
+    def correction_step(self, state: torch.Tensor | None, parents: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """One step of the path correction: parents (n,) target ids, slot (n, H) the pre-norm output of
+        the slot after them, state (n, r) of the parents (None at the root) -> the slot's state (n, r)."""
+        return self.correction.step(state, self.target_embed(parents).to(slot.dtype), self.norm(slot))
+
+    def path_states(self, out: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced correction states: out (..., S, H) pre-norm outputs of slots 1..S, parents
+        (..., S) the target ids before each slot (the anchor first) -> (..., S, r)."""
+        lead, S = out.shape[:-2], out.shape[-2]
+        flat_out, flat_par = out.reshape(-1, S, out.shape[-1]), parents.reshape(-1, S)
+        state, states = None, []
+        for k in range(S):
+            state = self.correction_step(state, flat_par[:, k], flat_out[:, k])
+            states.append(state)
+        return torch.stack(states, dim=1).view(*lead, S, -1)
+
+    def block_outputs(self, anchor: torch.Tensor, position: torch.Tensor, context: ContextKV) -> torch.Tensor:
         """One block per row: anchor (B,) tokens at positions (B,), context entries of every earlier
-        position -> log-probs (B, block_size - 1, Vd) over the tokens at position + 1 .. + block_size - 1."""
+        position -> pre-norm outputs (B, block_size - 1, H) of the slots after the anchor."""
         x = self.block_embeddings(anchor[:, None])  # (B, bs, H)
         pos = position[:, None] + torch.arange(self.block_size, device=anchor.device)  # (B, bs)
-        out = self(x, pos, context)[:, 1:]  # (B, bs - 1, H)
-        return F.log_softmax(self.logits(out).float(), dim=-1)
+        return self(x, pos, context)[:, 1:]
+
+    def draft_block(self, anchor: torch.Tensor, position: torch.Tensor, context: ContextKV) -> torch.Tensor:
+        """log-probs (B, block_size - 1, Vd) over the tokens at position + 1 .. + block_size - 1, each
+        slot on its own (without the path correction, which needs the drafted tokens)."""
+        return F.log_softmax(self.logits(self.block_outputs(anchor, position, context)).float(), dim=-1)
 
 
 def extend_context(context: ContextKV | None, new: ContextKV) -> ContextKV:

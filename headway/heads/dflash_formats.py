@@ -76,6 +76,10 @@ def _checked(cfg: dict[str, Any]) -> int:
     if not cfg.get("qk_norm", True):
         raise ExportError("this DFlash drafter has no q/k norms (qk_norm=false), but vLLM's and SGLang's DFlash layers "
                           "always apply them; retrain with dflash.qk_norm=true")
+    if cfg.get("correction_rank"):
+        raise ExportError(f"this DFlash drafter has a path correction (correction_rank={cfg['correction_rank']}), "
+                          "which no engine's DFlash layer computes; decode it with headway, or retrain with "
+                          "dflash.correction_rank=0 to serve it in vLLM or SGLang")
     L = int((cfg.get("target") or {}).get("num_hidden_layers") or 0)
     if not L:
         raise ExportError("the checkpoint records no target (num_hidden_layers); cannot check its DFlash layers")

@@ -212,12 +212,14 @@ class Eagle3Drafter(DraftVocab, _EagleBase):
 
     @classmethod
     def for_target(cls, target: nn.Module, draft_vocab_size: int | None = None,
-                   aux_layers: list[int] | None = None, norm_output: bool = False) -> "Eagle3Drafter":
+                   aux_layers: list[int] | None = None, norm_output: bool = False, norm_before_fc: bool = False,
+                   norm_before_residual: bool = False) -> "Eagle3Drafter":
         g = LayerGeometry.from_target(target.config)
         V = int(target.get_output_embeddings().weight.shape[0])
         cfg = Eagle3Config(hidden_size=g.hidden_size, vocab_size=V, draft_vocab_size=draft_vocab_size or V,
                            aux_layers=aux_layers or default_aux_layers(int(target.config.num_hidden_layers)), layer=g,
-                           norm_output=norm_output)
+                           norm_output=norm_output, norm_before_fc=norm_before_fc,
+                           norm_before_residual=norm_before_residual)
         return cls(cfg, TargetInfo.of(target)).to(target.get_output_embeddings().weight.device).attach(target)
 
     def fuse(self, target_features: list[torch.Tensor]) -> torch.Tensor:

@@ -301,27 +301,38 @@ def engine_aux_layers(aux_layers: list[int], num_target_layers: int, engine: str
 
 
 SPECULATORS_OPTIONS = ("norm_before_fc", "norm_before_residual", "norm_output")
+ENGINES_WITH_OPTIONS = ("vllm", "speculators")  # vLLM >= 0.32 computes all three (llama_eagle3.py)
 
 
-def refuse_speculators_options(cfg: dict[str, Any]) -> None:
-    """A drafter imported with speculators' extra norms computes something the engine layouts written
-    here do not describe: refuse rather than write a checkpoint that serves wrong drafts."""
+def engine_norm_options(cfg: dict[str, Any], engine: str) -> dict[str, bool]:
+    """speculators' EAGLE-3 norm options as the drafter was trained, for the config of an engine
+    that computes them (vLLM reads each by name, from either format); an engine that does not
+    (SGLang, TensorRT-LLM as checked) would serve wrong drafts from such a drafter: refused."""
     on = [k for k in SPECULATORS_OPTIONS if cfg.get(k)]
-    if on:
+    if on and engine not in ENGINES_WITH_OPTIONS:
         raise ExportError(f"this EAGLE-3 drafter uses speculators' options {on} (imported from a speculators "
-                          "checkpoint, or trained with eagle.norm_output); exporting them is not supported: "
-                          "decode with headway, or serve the original speculators checkpoint")
+                          f"checkpoint, or trained with eagle.{on[0]}), which {engine} does not compute; "
+                          f"export --format vllm or --format speculators, or decode with headway")
+    return {k: bool(cfg.get(k)) for k in SPECULATORS_OPTIONS}
+
+
+def eagle3_spec_with_options(c: dict[str, Any], opts: dict[str, bool]) -> Spec:
+    """The EAGLE-3 spec plus ``input_norm.weight [3H]`` when the drafter norms before ``fc``."""
+    spec = eagle3_spec(c)
+    if opts.get("norm_before_fc"):
+        spec["input_norm.weight"] = ((3 * c["target_hidden_size"],), None)
+    return spec
 
 
 def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine: str) -> Export:
-    refuse_speculators_options(cfg)
+    opts = engine_norm_options(cfg, engine)
     target = cfg.get("target") or {}
     if not target.get("num_hidden_layers"):
         raise ExportError("the checkpoint records no target (num_hidden_layers); cannot check its EAGLE-3 aux layers")
     ids = engine_aux_layers(list(cfg["aux_layers"]), int(target["num_hidden_layers"]), engine)
     config = llama_config(cfg, "LlamaForCausalLMEagle3", dtype)
     config |= {"draft_vocab_size": cfg["draft_vocab_size"], "target_hidden_size": cfg["hidden_size"],
-               "norm_before_residual": False,
+               "norm_before_residual": opts["norm_before_residual"],
                "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
                "headway": _provenance(cfg, engine, aux_layers_hf_index=list(cfg["aux_layers"]),
                                       aux_layers_written=ids,
@@ -329,7 +340,8 @@ def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine:
                                       if engine in OUTPUT_NUMBERED else "HF output_hidden_states index")}
     if engine == "vllm":
         config["eagle_aux_hidden_state_layer_ids"] = ids  # the top-level key is the one every vLLM path reads
-    return Export(config, dict(t), eagle3_spec(config))
+        config |= opts  # llama_eagle3.py reads each option from the config by name (false when absent)
+    return Export(config, dict(t), eagle3_spec_with_options(config, opts))
 
 
 def eagle3_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,

@@ -16,8 +16,9 @@ Facts from vLLM 0.32.0 (``transformers_utils/config.py: maybe_override_with_spec
 - ``eagle3`` reads the top-level ``draft_vocab_size``, ``target_hidden_size``,
   ``eagle_aux_hidden_state_layer_ids`` (HF hidden-state indices, as vLLM's own EAGLE-3 config) and
   ``norm_before_residual``, which **defaults to true** there: headway's layer adds the un-normalised
-  hidden state as the residual, so ``false`` is always written (also ``norm_before_fc``, ``fc_norm``,
-  ``norm_output``: false).
+  hidden state as the residual, so its value is always written: false unless the drafter was trained
+  (or imported) with it, as are ``norm_before_fc`` (then ``input_norm.weight [3H]``) and ``norm_output``
+  (the post-norm state fed to the next draft step); ``fc_norm``, which headway does not train, is false.
 - Tensors as the speculators library names them: ``layers.0.*`` (vLLM also takes ``midlayer.*``),
   ``fc.weight``, ``norm.weight``, ``lm_head.weight``, ``d2t`` (loaded as ``draft_id_to_target_id``)
   and ``t2d`` (skipped by vLLM, kept for other readers).
@@ -29,8 +30,8 @@ from typing import Any
 
 import torch
 
-from .export_layouts import (Export, ExportError, Spec, _provenance, eagle3_spec, engine_aux_layers, llama_config,
-                             refuse_speculators_options)
+from .export_layouts import (Export, ExportError, Spec, _provenance, eagle3_spec_with_options, engine_aux_layers,
+                             llama_config, engine_norm_options)
 
 SPECULATIVE_TOKENS = 3  # the default draft length written into proposal_methods
 LAYER_PREFIX = "layers.0."
@@ -40,7 +41,7 @@ def speculators_eagle3_spec(c: dict[str, Any]) -> Spec:
     """The EAGLE-3 spec with the drafter layer under ``layers.0.``."""
     flat = {"hidden_size": c["transformer_layer_config"]["hidden_size"], **c["transformer_layer_config"],
             "draft_vocab_size": c["draft_vocab_size"], "target_hidden_size": c["target_hidden_size"]}
-    return {_renamed(k): v for k, v in eagle3_spec(flat).items()}
+    return {_renamed(k): v for k, v in eagle3_spec_with_options(flat, c).items()}
 
 
 def _renamed(name: str) -> str:
@@ -58,7 +59,7 @@ def _verifier(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def eagle3_speculators(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
                        dtype: str) -> Export:
-    refuse_speculators_options(cfg)
+    opts = engine_norm_options(cfg, "speculators")
     verifier = _verifier(cfg)
     ids = engine_aux_layers(list(cfg["aux_layers"]), int(cfg["target"]["num_hidden_layers"]), "vllm")
     layer = llama_config(cfg, "LlamaForCausalLM", dtype)
@@ -70,7 +71,7 @@ def eagle3_speculators(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head:
                                      "proposal_methods": [method], "verifier": verifier},
               "transformer_layer_config": layer, "draft_vocab_size": cfg["draft_vocab_size"],
               "target_hidden_size": cfg["hidden_size"], "eagle_aux_hidden_state_layer_ids": ids,
-              "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+              **opts, "fc_norm": False,
               "tie_word_embeddings": False, "torch_dtype": dtype,
               "headway": _provenance(cfg, "speculators", aux_layers_hf_index=list(cfg["aux_layers"]),
                                      aux_layers_written=ids, aux_layer_convention="HF output_hidden_states index")}

@@ -100,11 +100,22 @@ def slot_labels(anchors: Tensor, valid: Tensor, loss_mask: Tensor, block_size: i
 def block_predictions(drafter: DFlashDrafter, input_ids: Tensor, loss_mask: Tensor, context: Tensor,
                       anchors: int) -> tuple[Tensor, Tensor, Tensor]:
     """Blocks at the first ``anchors`` positions of each row whose every slot is an answer token ->
-    (log-its (N, bs-1, Vd) of the N valid blocks, their rows (N,), the positions (N, bs-1) of the
-    tokens they predict)."""
+    (logits (N, bs-1, Vd) of the N valid blocks, their rows (N,), the positions (N, bs-1) of the
+    tokens they predict); with a path correction, along the data's tokens."""
     bs = drafter.block_size
     a, valid = select_anchors(anchor_candidates(loss_mask, bs, whole=True), anchors)
     out = draft_blocks(drafter, input_ids, context, a)[:, :, 1:]  # (B, n, bs-1, H)
     pos, _ = slot_labels(a, valid, loss_mask, bs)
     rows = torch.arange(input_ids.shape[0], device=a.device)[:, None].expand_as(a)  # (B, n)
-    return drafter.logits(out[valid]).float(), rows[valid], pos[valid]
+    state = correction_states(drafter, input_ids, out, pos)
+    return drafter.logits(out[valid], None if state is None else state[valid]).float(), rows[valid], pos[valid]
+
+
+def correction_states(drafter: DFlashDrafter, input_ids: Tensor, out: Tensor, pos: Tensor) -> Tensor | None:
+    """The path correction's states (B, n, bs-1, r), teacher-forced: each slot's parent is the data's
+    token before it (the anchor for slot 1); None for a drafter without one. Acceptance counted
+    against the data is exact so (a greedy chain is accepted only while it equals the data)."""
+    if not drafter.has_correction:
+        return None
+    parents = input_ids.gather(1, (pos - 1).flatten(1)).view_as(pos)  # (B, n, bs-1)
+    return drafter.path_states(out, parents)

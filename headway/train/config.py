@@ -16,6 +16,7 @@ from ..target import TargetArgs
 
 KINDS = ("medusa", "medusa2", "eagle1", "eagle3", "dflash")
 SCHEDULES = ("cosine", "linear", "constant")
+OPTIMIZERS = ("adamw", "muon")  # headway/train/optim.py
 PRECISIONS = ("no", "bf16", "fp16", "auto")
 TRACKERS = ("none", "wandb", "tensorboard")
 
@@ -39,6 +40,9 @@ def check_numbers(section: Any, prefix: str, rules: dict[str, str]) -> None:
 
 @dataclass
 class OptimConfig:
+    name: str = opt("adamw", "adamw, or muon: Muon on the heads' hidden matrices (attention, MLP, fc), AdamW on "
+                             "vectors and vocabulary matrices; one lr for both (Muon's step is scaled to AdamW's RMS)",
+                    choices=OPTIMIZERS)
     lr: float = opt(1e-3, "peak learning rate (of the target's LoRA for medusa2; heads get lr * head_lr_mult)")
     head_lr_mult: float = opt(1.0, "learning-rate multiplier for the heads (Medusa-2 uses 4)")
     weight_decay: float = opt(0.0, "AdamW weight decay (not applied to biases and norm weights)")
@@ -48,14 +52,18 @@ class OptimConfig:
     schedule: str = opt("cosine", "learning-rate decay after warm-up", choices=SCHEDULES)
     min_lr_ratio: float = opt(0.0, "cosine/linear decay floor as a fraction of the peak lr")
     max_grad_norm: float = opt(1.0, "gradient clipping by global norm; 0 disables")
+    muon_weight_decay: float = opt(0.1, "muon: decoupled weight decay of the Muon matrices (weight_decay is the AdamW part's)")
+    muon_momentum: float = opt(0.95, "muon: momentum of the Muon matrices (Nesterov)")
 
     def __post_init__(self) -> None:
+        check_choice(self.name, OPTIMIZERS, "optim.name")
         check_choice(self.schedule, SCHEDULES, "optim.schedule")
         if len(self.betas) != 2:
             raise ValueError(f"optim.betas needs two values, got {self.betas}")
         check_numbers(self, "optim.", {"lr": "> 0", "head_lr_mult": "> 0", "weight_decay": ">= 0",
                                        "betas": "in [0, 1)", "eps": "> 0", "warmup_steps": ">= 0",
-                                       "min_lr_ratio": "in [0, 1]", "max_grad_norm": ">= 0"})
+                                       "min_lr_ratio": "in [0, 1]", "max_grad_norm": ">= 0",
+                                       "muon_weight_decay": ">= 0", "muon_momentum": "in [0, 1)"})
 
 
 @dataclass
@@ -125,9 +133,14 @@ class EagleOptions:
     init_layer: int | None = opt(None, "EAGLE-3: start the drafter's layer as a copy of this target decoder layer "
                                        "(0-based; -1 = last), fc as a pass-through of the deepest fused layer and "
                                        "norm as the target's final norm; None = random init")
-    norm_output: bool = opt(False, "EAGLE-3: feed each unrolled step the normed state (speculators' option): "
-                                   "+0.06 held-out tau on SmolLM2 at 1,536 answers, but vLLM/SGLang exports refuse "
-                                   "such drafters (headway's own decoder and speculators-format import run them)")
+    # speculators' three EAGLE-3 norm options (its trainer turns them all on); vLLM computes each of them
+    # (checks/vllm_parity.py); SGLang and TensorRT-LLM exports refuse drafters trained with any
+    norm_output: bool = opt(False, "EAGLE-3: feed each unrolled step the normed state (speculators' 'EAGLE 3.1' "
+                                   "option): +0.06 held-out tau on SmolLM2 at 1,536 answers")
+    norm_before_fc: bool = opt(False, "EAGLE-3: an RMSNorm over the concatenated target states before fc "
+                                      "(speculators' option)")
+    norm_before_residual: bool = opt(False, "EAGLE-3: the drafter layer's residual is the normed hidden state "
+                                            "(speculators' option)")
     argmax_from: str = opt("logits", "EAGLE-3 (and EAGLE-1's accuracy metric): where training reads the target's "
                                      "argmax (the hard label, and which positions the draft vocabulary can "
                                      "express): logits = the target's full-"
@@ -164,6 +177,10 @@ class DFlashOptions:
     gamma: float = opt(4.0, "slot k's loss weight is exp(-(k-1)/gamma)")
     hard_weight: float = opt(0.0, "weight of an extra cross-entropy to the target's argmax")
     qk_norm: bool = opt(True, "per-head q/k RMSNorm (Qwen3-style, as vLLM's DFlash layers)")
+    correction_rank: int = opt(0, "state size of a path correction trained with the block (after Domino): a GRU "
+                                  "over the drafted tokens adds to each slot's logits, so a slot's draft depends "
+                                  "on the tokens drafted before it; 0 = plain DFlash. Engines cannot serve it "
+                                  "(export refuses); headway's decoder runs it exactly")
     init_layer: int | None = opt(None, "start every draft layer as a copy of this target decoder layer (0-based; "
                                        "-1 = last), fc as a pass-through of the deepest fused layer and norm as "
                                        "the target's final norm; None = random init")
@@ -175,7 +192,8 @@ class DFlashOptions:
         check_choice(self.argmax_from, ("logits", "data"), "dflash.argmax_from")
         check_numbers(self, "dflash.", {"block_size": ">= 1", "num_layers": ">= 1", "aux_layers": ">= 0",
                                         "mask_token_id": ">= 0", "draft_vocab_size": ">= 1", "anchors": ">= 1",
-                                        "eval_anchors": ">= 1", "gamma": "> 0", "hard_weight": ">= 0"})
+                                        "eval_anchors": ">= 1", "gamma": "> 0", "hard_weight": ">= 0",
+                                        "correction_rank": ">= 0"})
         if self.block_size < 2:
             raise ConfigError(f"'dflash.block_size' must be >= 2 (the anchor and a draft), got {self.block_size}")
 

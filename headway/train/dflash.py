@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from ..heads import DFlashDrafter, HeadsBase
 from .batch import TargetBatch
-from .blocks import anchor_candidates, block_predictions, draft_blocks, row_draws, select_anchors, slot_labels
+from .blocks import (anchor_candidates, block_predictions, correction_states, draft_blocks, row_draws, select_anchors,
+                     slot_labels)
 from .calibration import calibration_sums
 from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
@@ -48,7 +49,9 @@ def dflash_loss(drafter: DFlashDrafter, input_ids: Tensor, context: Tensor, targ
         labelled = labelled & drafter.t2d[top]
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None, None].expand_as(prev)
     n = labelled.sum()
-    logq = F.log_softmax(drafter.logits(out[labelled]).float(), dim=-1)  # (N, Vd)
+    state = correction_states(drafter, input_ids, out, pos)  # teacher-forced along the data's tokens
+    logq = F.log_softmax(drafter.logits(out[labelled], None if state is None else state[labelled]).float(),
+                         dim=-1)  # (N, Vd)
     p = F.softmax(target_logits[rows[labelled], prev[labelled]].float(), dim=-1)  # (N, Vd)
     ce = -(p * logq).sum(-1)  # (N,)
     k = torch.arange(1, bs, device=out.device).expand_as(prev)[labelled]  # (N,) slot of each row
@@ -144,7 +147,7 @@ class DFlashTask(_EagleTask):
             mask_id, mask_from = least_used_token(counts), "least used answer token"
         heads = DFlashDrafter.for_target(target, mask_token_id=mask_id, block_size=o.block_size,
                                          num_layers=o.num_layers, aux_layers=list(o.aux_layers) or None,
-                                         draft_vocab=ids, qk_norm=o.qk_norm)
+                                         draft_vocab=ids, qk_norm=o.qk_norm, correction_rank=o.correction_rank)
         heads.metadata["draft_vocab"] = info | ({"lm_head_init": "target lm_head rows"} if ids is not None else
                                                 {"lm_head": "the target's (shared, frozen)"})
         heads.metadata["mask_token"] = {"id": mask_id, "chosen_by": mask_from}

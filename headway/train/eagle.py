@@ -253,7 +253,8 @@ class Eagle3Task(_EagleTask):
         V = int(target.get_output_embeddings().weight.shape[0])
         n = self.opts.draft_vocab_size or V
         heads = Eagle3Drafter.for_target(target, draft_vocab_size=n, aux_layers=list(self.opts.aux_layers) or None,
-                                         norm_output=self.opts.norm_output)
+                                         norm_output=self.opts.norm_output, norm_before_fc=self.opts.norm_before_fc,
+                                         norm_before_residual=self.opts.norm_before_residual)
         info: dict[str, Any] = {"size": n, "target_vocab_size": V, "lm_head_init": "target lm_head rows"}
         if n < V:
             from ..data.vocab import draft_vocab

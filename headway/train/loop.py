@@ -44,6 +44,7 @@ from .config import OptimConfig, TrainConfig
 from .errors import NonFiniteError, TrainError
 from .losses import IGNORE_INDEX, medusa_labels
 from .metrics import json_safe
+from .optim import MuonAdamW, muon_eligible
 from .registry import TASKS
 from .rows import FeatureRows, load_rows, row_lengths
 from .sharding import env_true, full_state, is_sharded, local_part, shard_sizes, shard_target
@@ -386,15 +387,26 @@ def lr_factor(step: int, total: int, o: OptimConfig) -> float:
     return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def make_optimizer(groups: list[ParamGroup], o: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW, one pair of param groups (decayed matrices / undecayed biases and norms) per ParamGroup."""
+def make_optimizer(groups: list[ParamGroup], o: OptimConfig, names: dict[int, str] | None = None
+                   ) -> torch.optim.Optimizer:
+    """AdamW, one pair of param groups (decayed matrices / undecayed biases and norms) per ParamGroup;
+    with ``optim.name: muon`` a third, the hidden matrices (``names``: id(param) -> name), on Muon."""
+    names = names or {}
     pgs = []
     for g in groups:
-        decay = [p for p in g.params if p.ndim >= 2]
+        muon = [p for p in g.params if o.name == "muon" and muon_eligible(names.get(id(p), ""), p)]
+        taken = {id(p) for p in muon}
+        decay = [p for p in g.params if p.ndim >= 2 and id(p) not in taken]
         no_decay = [p for p in g.params if p.ndim < 2]
-        for ps, wd in ((decay, o.weight_decay), (no_decay, 0.0)):
-            pgs.append({"params": ps, "lr": o.lr * g.lr_mult, "weight_decay": wd, "name": g.name,
-                        "start_step": g.start_step})
+        for ps, wd, on_muon in ((muon, o.muon_weight_decay, True), (decay, o.weight_decay, False),
+                                (no_decay, 0.0, False)):
+            if ps or not on_muon:
+                pgs.append({"params": ps, "lr": o.lr * g.lr_mult, "weight_decay": wd, "name": g.name,
+                            "start_step": g.start_step, "muon": on_muon})
+    if o.name == "muon":
+        return MuonAdamW(pgs, lr=o.lr, betas=tuple(o.betas), eps=o.eps, momentum=o.muon_momentum)
+    for pg in pgs:
+        del pg["muon"]
     return torch.optim.AdamW(pgs, lr=o.lr, betas=tuple(o.betas), eps=o.eps)
 
 
@@ -741,6 +753,7 @@ def setup(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any,
 
     accelerator = accelerator or make_accelerator(cfg)
     check_accumulation(accelerator, cfg)
+    check_optimizer(accelerator, cfg)
     set_seed(cfg.seed)
     check_data_paths(cfg)
     cfg = with_features_data(cfg)
@@ -768,7 +781,8 @@ def setup(cfg: TrainConfig, target: nn.Module, tokenizer: Any, accelerator: Any,
     steps = total_steps(cfg, len(train_rows), world)
     global_batch = cfg.batch_size * world * cfg.grad_accum
     loader = train_loader(train_rows, cfg, steps, global_batch, pad_id, accelerator)
-    optimizer = make_optimizer(task.param_groups(heads, model), cfg.optim)
+    names = {id(p): n for n, p in heads.named_parameters()} | {id(p): n for n, p in model.named_parameters()}
+    optimizer = make_optimizer(task.param_groups(heads, model), cfg.optim, names)
     scheduler = make_scheduler(optimizer, steps, cfg.optim)
     module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
     inner = accelerator.unwrap_model(module)
@@ -808,6 +822,15 @@ def check_accumulation(accelerator: Any, cfg: TrainConfig) -> None:
     if accelerator.gradient_accumulation_steps != cfg.grad_accum:
         raise TrainError(f"the accelerator accumulates {accelerator.gradient_accumulation_steps} micro-batches but "
                          f"grad_accum={cfg.grad_accum}; make it with make_accelerator(cfg)")
+
+
+def check_optimizer(accelerator: Any, cfg: TrainConfig) -> None:
+    """Muon orthogonalises whole matrices: refuse runs where accelerate shards the heads' parameters."""
+    from accelerate.utils import DistributedType
+
+    if cfg.optim.name == "muon" and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        raise TrainError(f"optim.name=muon needs each head matrix whole in every process, but this run shards the "
+                         f"heads ({accelerator.distributed_type.value}); use optim.name=adamw or plain DDP")
 
 
 def train_loader(rows: Any, cfg: TrainConfig, steps: int, global_batch: int, pad_id: int, accelerator: Any

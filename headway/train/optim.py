@@ -1,0 +1,92 @@
+"""The optimisers ``optim.name`` picks for the heads.
+
+- ``adamw`` (the default): AdamW with decoupled weight decay on matrices only.
+- ``muon``: Muon (momentum, then the update orthogonalised by a Newton–Schulz iteration) on the
+  hidden matrices — attention, MLP and ``fc`` weights — and AdamW on everything else: vectors
+  (norms, biases) and the vocabulary-sized matrices (``lm_head``, embeddings), as Muon's authors
+  and speculators' trainer do. One optimiser object for both, so accelerate's ``prepare``, the
+  per-group lr schedule and checkpoint/resume treat it like plain AdamW.
+
+Muon orthogonalises whole matrices, so it needs each matrix whole in one process: runs that shard
+the heads (FSDP, ZeRO-3) are refused in ``check_optimizer``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+from torch import Tensor
+
+ADAMW_NAME_HINTS = ("lm_head", "embed")  # vocabulary-sized matrices stay on AdamW
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # quintic iteration, steep at zero (Keller Jordan's Muon)
+
+
+def muon_eligible(name: str, p: Tensor) -> bool:
+    """A hidden 2-D matrix (both sides > 1) that is not a vocabulary projection."""
+    return p.ndim == 2 and min(p.shape) > 1 and not any(h in name for h in ADAMW_NAME_HINTS)
+
+
+def orthogonalize(g: Tensor, steps: int = 5, eps: float = 1e-7) -> Tensor:
+    """(A, B) -> (A, B) with singular values pushed towards 1 (roughly U V^T of g's SVD), in bf16.
+
+    Works on the wide orientation (rows <= columns) so the Gram matrix is the small one."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.bfloat16()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1: inside the iteration's basin
+    for _ in range(steps):
+        gram = x @ x.T  # (A, A)
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def muon_lr_scale(shape: torch.Size) -> float:
+    """Scale Muon's step so its RMS matches AdamW's (0.2 * sqrt(max side)); one lr serves both kinds."""
+    return 0.2 * math.sqrt(max(shape[0], shape[1]))
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Param groups with ``muon: True`` take Muon steps, the others AdamW steps."""
+
+    def __init__(self, groups: Iterable[dict[str, Any]], lr: float, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-8, momentum: float = 0.95, ns_steps: int = 5) -> None:
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0, "momentum": momentum,
+                    "ns_steps": ns_steps, "muon": False}
+        super().__init__(list(groups), defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g, state = p.grad, self.state[p]
+                if group["muon"]:
+                    buf = state.setdefault("momentum", torch.zeros_like(p))
+                    buf.lerp_(g, 1 - group["momentum"])
+                    update = orthogonalize(g.lerp(buf, group["momentum"]), group["ns_steps"])  # Nesterov
+                    p.mul_(1 - lr * wd)
+                    p.add_(update.to(p.dtype), alpha=-lr * muon_lr_scale(p.shape))
+                    continue
+                b1, b2 = group["betas"]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = float(state["step"])
+                state["exp_avg"].lerp_(g, 1 - b1)
+                state["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
+                denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - b2 ** t)).add_(group["eps"])
+                p.mul_(1 - lr * wd)
+                p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - b1 ** t))
+        return loss
