@@ -76,6 +76,7 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
     ev = meta["eval"]
     assert 1.0 <= ev["tau"] <= 6.0 and ev["positions"] > 0 and len(ev["accept_rate_by_depth"]) == 5
     assert len(ev["top1"]) == 5 and sum(ev["accept_hist"]) == ev["positions"]
+    assert 1.0 <= ev["tau_decode"] <= 6.0 and 0 < ev["decode_steps"] < ev["positions"]  # where steps start
     assert "Measured acceptance" in (final / "README.md").read_text()
     if kind == "eagle1":  # eagle.draft_vocab_size: decode-time rows of the target's lm_head, data not weights
         assert heads.draft_vocab_size == 128 and torch.equal(heads.d2t, init.d2t) and int(heads.t2d.sum()) == 128

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from headway.heads import Eagle1Drafter, Eagle3Drafter
 from headway.heads.layers import DraftCache
 from headway.testing import tiny_target
-from headway.train.ttt import (chain_accepted, eagle1_loss, eagle3_ttt_loss, label_mask, label_rows, rows_mask,
+from headway.train.ttt import (chain_accepted, decoder_step_starts, eagle1_loss, eagle3_ttt_loss, label_mask, label_rows, rows_mask,
                                shift_left, summarize_acceptance, acceptance_stats, ttt_mask, unroll, unroll_rows)
 
 NEG = torch.finfo(torch.float32).min
@@ -298,6 +298,26 @@ def test_acceptance_summary():
     assert s["positions"] == 4 and s["tau"] == pytest.approx(1 + 6 / 4)
     assert s["accept_rate_by_depth"] == pytest.approx([0.75, 0.5, 0.25])
     assert s["tau_by_depth"] == pytest.approx([1.75, 2.25, 2.5])  # accepted (0, 1, 3, 2) cut at 1, 2, 3
+
+
+def test_decoder_step_starts_walk_each_answer_as_a_greedy_chain_decoder():
+    """Only where a decoder's steps start: the prefill gives an answer's first token, a step that
+    accepts a drafts moves a + 1 on, each answer of a chat row is walked, a walk ends where a full
+    chain no longer fits. 9 marks counts the walk must never read."""
+    T = 20
+    loss_mask = torch.zeros(1, T, dtype=torch.long)
+    loss_mask[0, 3:12] = 1  # the first answer
+    loss_mask[0, 14:20] = 1  # a second turn's answer
+    accepted = torch.tensor([[9, 9, 2, 9, 9, 1, 9, 3, 9, 9, 9, 9, 9, 0, 2, 9, 9, 9, 9, 9]])
+    start = torch.zeros(1, T, dtype=torch.bool)
+    start[0, 2:9] = True
+    start[0, 13:17] = True
+    steps = decoder_step_starts(accepted, start, loss_mask)
+    # index 2 (reads token 3) accepts 2 -> 5 accepts 1 -> 7 accepts 3 -> 11: no full chain fits;
+    # the second answer: 13 accepts 0 -> 14 accepts 2 -> 17: none fits
+    assert steps[0].nonzero().flatten().tolist() == [2, 5, 7, 13, 14]
+    s = summarize_acceptance(acceptance_stats(accepted, steps, 3))
+    assert s["tau"] == pytest.approx(1 + (2 + 1 + 3 + 0 + 2) / 5)
 
 
 def test_draft_vocab_round_trip(llama, tmp_path):

@@ -55,7 +55,9 @@ def evaluate(drafter: Any, target: torch.nn.Module, rows: list[dict[str, Any]], 
             for k, v in stats.items():
                 totals[k] = totals[k] + v if k in totals else v.clone()
     out = summarize(totals)
-    return {k: out[k] for k in ("tau", "tau_greedy", "top1", "accept_rate_by_depth", "positions") if k in out}
+    keys = ("tau", "tau_greedy", "tau_decode", "top1", "accept_rate_by_depth", "accept_rate_by_depth_decode",
+            "positions", "decode_steps")
+    return {k: out[k] for k in keys if k in out}
 
 
 def main() -> None:

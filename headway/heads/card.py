@@ -127,6 +127,9 @@ def acceptance_section(ev: dict[str, Any]) -> list[str]:
     if "tau" in ev:
         lines.append(f"tau (tokens per target forward, bonus included): **{float(ev['tau']):.3f}**"
                      + (f" over {ev['positions']} positions" if "positions" in ev else ""))
+    if "tau_decode" in ev:
+        lines.append(f"tau where a greedy chain decoder's steps start (what `headway bench` measures): "
+                     f"**{float(ev['tau_decode']):.3f}** over {ev.get('decode_steps')} steps")
     by_depth = ev.get("accept_rate_by_depth") or ev.get("top1")
     if by_depth:
         name = "acceptance rate" if "accept_rate_by_depth" in ev else "top-1 accuracy"

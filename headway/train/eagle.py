@@ -24,8 +24,8 @@ from .draft_vocab import answer_draft_vocab, draft_vocab_counts
 from .errors import TrainError
 from .metrics import draft_vocab_stats
 from .tasks import ParamGroup, TargetBatch
-from .ttt import (acceptance_stats, chain_accepted, eagle1_loss, eagle3_ttt_loss, noise_seed, shift_left,
-                  summarize_acceptance)
+from .ttt import (acceptance_stats, chain_accepted, decoder_step_starts, eagle1_loss, eagle3_ttt_loss, noise_seed,
+                  shift_left, summarize_acceptance)
 
 EVAL_DEPTH = 5  # drafted tokens per simulated chain; the same depth as Medusa's default 5 heads
 
@@ -37,14 +37,17 @@ def eval_sums(drafter: nn.Module, tb: TargetBatch, hidden: Tensor, depth: int) -
     on sampled data, acceptance at the distillation temperature); ``accept_hist_greedy``:
     against the target's argmax (greedy decoding); ``top1_hits[j]``: chain starts where step j,
     fed the data's tokens and the drafter's own features as in training, predicts the data's token;
-    ``calib_*``: the same steps' calibration sums (``train/calibration.py``), depth j+1 = step j."""
+    ``calib_*``: the same steps' calibration sums (``train/calibration.py``), depth j+1 = step j;
+    ``accept_hist_decode``: the greedy chains where a decoder's steps start (``decoder_step_starts``)."""
     data_next = shift_left(tb.input_ids, 1)  # (B, T) x_{s+1}
     accepted, start = chain_accepted(drafter, tb.input_ids, hidden, data_next, tb.loss_mask, depth)
     top = tb.top if tb.top is not None else tb.logits.argmax(-1)  # (B, T) the target's argmax
     greedy, _ = chain_accepted(drafter, tb.input_ids, hidden, top, tb.loss_mask, depth)
     hits, calib = teacher_forced_sums(drafter, tb.input_ids, hidden, start, depth)
+    steps = decoder_step_starts(greedy, start, tb.loss_mask)
     return {"accept_hist": acceptance_stats(accepted, start, depth)["accept_hist"],
             "accept_hist_greedy": acceptance_stats(greedy, start, depth)["accept_hist"],
+            "accept_hist_decode": acceptance_stats(greedy, steps, depth)["accept_hist"],
             "top1_hits": hits, "starts": start.sum().float().reshape(1), **calib}
 
 
@@ -64,6 +67,11 @@ def summarize(stats: dict[str, Tensor]) -> dict[str, Any]:
     out["top1"] = [round(float(x) / n, 4) for x in stats["top1_hits"]]
     out["tau_greedy"] = round(greedy["tau"], 4)
     out["accept_rate_by_depth_greedy"] = [round(x, 4) for x in greedy["accept_rate_by_depth"]]
+    if "accept_hist_decode" in stats:  # what a greedy chain decoder measures: only where its steps start
+        decode = summarize_acceptance({"accept_hist": stats["accept_hist_decode"]})
+        out["tau_decode"] = round(decode["tau"], 4)
+        out["accept_rate_by_depth_decode"] = [round(x, 4) for x in decode.get("accept_rate_by_depth", [])]
+        out["decode_steps"] = decode["positions"]
     if "calib_count" in stats:
         out["calibration"] = summarize_calibration(stats)
     return out

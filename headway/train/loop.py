@@ -596,11 +596,13 @@ def evaluate(module: TrainModule, loader: DataLoader, accelerator: Any, cfg: Tra
 def eval_text(ev: dict[str, Any]) -> str:
     top1 = " ".join(f"{x:.3f}" for x in ev["top1"])
     extra = f" | target loss {ev['target_loss']:.4f} (base {ev['base_target_loss']:.4f})" if "target_loss" in ev else ""
-    return f"eval: top1 per head [{top1}] | chain tau {ev['tau']:.3f} over {ev['positions']} positions{extra}"
+    decode = f" (decoder steps: {ev['tau_decode']:.3f})" if "tau_decode" in ev else ""
+    return (f"eval: top1 per head [{top1}] | chain tau {ev['tau']:.3f} over {ev['positions']} positions{decode}"
+            f"{extra}")
 
 
 def eval_scalars(ev: dict[str, Any]) -> dict[str, float]:
-    out = {"eval/tau": ev["tau"]}
+    out = {"eval/tau": ev["tau"], **({"eval/tau_decode": ev["tau_decode"]} if "tau_decode" in ev else {})}
     for key, vals in ev.items():
         if isinstance(vals, list) and key.startswith("top"):
             out.update({f"eval/{key}_head{k}": v for k, v in enumerate(vals)})
