@@ -48,7 +48,7 @@ def same_drafts(a, b, target):
         for d in (a, b):
             d.attach(target).eval()
             ctx = d.context_kv(d.fuse([hs[i][:, :12] for i in d.feature_layers]), torch.arange(12)[None])
-            out.append(d.draft_block(ids[0, 12:13], torch.tensor([12]), ctx))
+            out.append(d.logits(d.block_outputs(ids[0, 12:13], torch.tensor([12]), ctx)))
     torch.testing.assert_close(out[0], out[1])
 
 

@@ -81,9 +81,29 @@ def test_make_optimizer_puts_hidden_matrices_on_muon_and_vocab_matrices_norms_on
     assert {g["weight_decay"] for g in opt.param_groups if g["muon"]} == {o.muon_weight_decay}
     assert not muon_eligible("fc.weight", torch.zeros(1, 8))  # a vector in matrix shape stays on AdamW
     plain = make_optimizer([ParamGroup("heads", params)], OptimConfig(), names)
-    assert type(plain) is torch.optim.AdamW and "muon" not in plain.param_groups[0]
+    assert type(plain) is torch.optim.AdamW and {g["muon"] for g in plain.param_groups} == {False}
 
 
 def test_an_unknown_optimizer_is_refused_by_name():
     with pytest.raises(ConfigError, match="optim.name"):
         load_config(TrainConfig, None, {"kind": "eagle3", "target": "t", "data": "d", "optim.name": "sgd"})
+
+
+def test_muon_is_refused_where_accelerate_shards_the_heads():
+    """Muon orthogonalises whole matrices: FSDP / DeepSpeed runs (sharded heads) are refused by name;
+    DDP and single-process runs are not."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from headway.train.errors import TrainError
+    from headway.train.loop import check_optimizer
+
+    cfg = load_config(TrainConfig, None, {"kind": "eagle3", "target": "t", "data": "d", "optim.name": "muon"})
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        with pytest.raises(TrainError, match="optim.name=muon"):
+            check_optimizer(SimpleNamespace(distributed_type=kind), cfg)
+    for kind in (DistributedType.NO, DistributedType.MULTI_CPU):
+        check_optimizer(SimpleNamespace(distributed_type=kind), cfg)
+    cfg.optim.name = "adamw"
+    check_optimizer(SimpleNamespace(distributed_type=DistributedType.FSDP), cfg)

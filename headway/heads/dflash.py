@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
@@ -211,11 +210,6 @@ class DFlashDrafter(DraftVocab, HeadsBase):
         x = self.block_embeddings(anchor[:, None])  # (B, bs, H)
         pos = position[:, None] + torch.arange(self.block_size, device=anchor.device)  # (B, bs)
         return self(x, pos, context)[:, 1:]
-
-    def draft_block(self, anchor: torch.Tensor, position: torch.Tensor, context: ContextKV) -> torch.Tensor:
-        """log-probs (B, block_size - 1, Vd) over the tokens at position + 1 .. + block_size - 1, each
-        slot on its own (without the path correction, which needs the drafted tokens)."""
-        return F.log_softmax(self.logits(self.block_outputs(anchor, position, context)).float(), dim=-1)
 
 
 def extend_context(context: ContextKV | None, new: ContextKV) -> ContextKV:

@@ -134,8 +134,10 @@ def eagle1_spec(c: dict[str, Any], fc_bias: bool) -> Spec:
 
 
 def eagle3_spec(c: dict[str, Any]) -> Spec:
+    """The EAGLE-3 layout; ``input_norm.weight [3H]`` too when the config says ``norm_before_fc``."""
     H, Ht = c["hidden_size"], c["target_hidden_size"]
     return {"fc.weight": ((H, 3 * Ht), None),
+            **({"input_norm.weight": ((3 * Ht,), None)} if c.get("norm_before_fc") else {}),
             "midlayer.input_layernorm.weight": ((H,), None),
             "midlayer.hidden_norm.weight": ((H,), None),
             **_layer_spec(c, "midlayer.", 2 * H),
@@ -316,14 +318,6 @@ def engine_norm_options(cfg: dict[str, Any], engine: str) -> dict[str, bool]:
     return {k: bool(cfg.get(k)) for k in SPECULATORS_OPTIONS}
 
 
-def eagle3_spec_with_options(c: dict[str, Any], opts: dict[str, bool]) -> Spec:
-    """The EAGLE-3 spec plus ``input_norm.weight [3H]`` when the drafter norms before ``fc``."""
-    spec = eagle3_spec(c)
-    if opts.get("norm_before_fc"):
-        spec["input_norm.weight"] = ((3 * c["target_hidden_size"],), None)
-    return spec
-
-
 def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine: str) -> Export:
     opts = engine_norm_options(cfg, engine)
     target = cfg.get("target") or {}
@@ -341,7 +335,7 @@ def _eagle3(cfg: dict[str, Any], t: dict[str, torch.Tensor], dtype: str, engine:
     if engine == "vllm":
         config["eagle_aux_hidden_state_layer_ids"] = ids  # the top-level key is the one every vLLM path reads
         config |= opts  # llama_eagle3.py reads each option from the config by name (false when absent)
-    return Export(config, dict(t), eagle3_spec_with_options(config, opts))
+    return Export(config, dict(t), eagle3_spec(config))  # norm_before_fc is written for vLLM, refused elsewhere
 
 
 def eagle3_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from .export_layouts import (Export, ExportError, Spec, _provenance, eagle3_spec_with_options, engine_aux_layers,
-                             llama_config, engine_norm_options)
+from .export_layouts import (Export, ExportError, Spec, _provenance, eagle3_spec, engine_aux_layers,
+                             engine_norm_options, llama_config)
 
 SPECULATIVE_TOKENS = 3  # the default draft length written into proposal_methods
 LAYER_PREFIX = "layers.0."
@@ -40,8 +40,9 @@ LAYER_PREFIX = "layers.0."
 def speculators_eagle3_spec(c: dict[str, Any]) -> Spec:
     """The EAGLE-3 spec with the drafter layer under ``layers.0.``."""
     flat = {"hidden_size": c["transformer_layer_config"]["hidden_size"], **c["transformer_layer_config"],
-            "draft_vocab_size": c["draft_vocab_size"], "target_hidden_size": c["target_hidden_size"]}
-    return {_renamed(k): v for k, v in eagle3_spec_with_options(flat, c).items()}
+            "draft_vocab_size": c["draft_vocab_size"], "target_hidden_size": c["target_hidden_size"],
+            "norm_before_fc": c.get("norm_before_fc", False)}
+    return {_renamed(k): v for k, v in eagle3_spec(flat).items()}
 
 
 def _renamed(name: str) -> str:

@@ -52,7 +52,8 @@ class OptimConfig:
     schedule: str = opt("cosine", "learning-rate decay after warm-up", choices=SCHEDULES)
     min_lr_ratio: float = opt(0.0, "cosine/linear decay floor as a fraction of the peak lr")
     max_grad_norm: float = opt(1.0, "gradient clipping by global norm; 0 disables")
-    muon_weight_decay: float = opt(0.1, "muon: decoupled weight decay of the Muon matrices (weight_decay is the AdamW part's)")
+    muon_weight_decay: float = opt(0.1, "muon: decoupled weight decay of the Muon matrices (weight_decay is the "
+                                        "AdamW part's)")
     muon_momentum: float = opt(0.95, "muon: momentum of the Muon matrices (Nesterov)")
 
     def __post_init__(self) -> None:

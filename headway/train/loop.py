@@ -389,24 +389,22 @@ def lr_factor(step: int, total: int, o: OptimConfig) -> float:
 
 def make_optimizer(groups: list[ParamGroup], o: OptimConfig, names: dict[int, str] | None = None
                    ) -> torch.optim.Optimizer:
-    """AdamW, one pair of param groups (decayed matrices / undecayed biases and norms) per ParamGroup;
-    with ``optim.name: muon`` a third, the hidden matrices (``names``: id(param) -> name), on Muon."""
-    names = names or {}
+    """Per ParamGroup: decayed matrices and undecayed biases / norms on AdamW; with ``optim.name: muon``
+    the hidden matrices (``muon_eligible`` by ``names``: id(param) -> name) go to a third group, on Muon."""
+    names, on_muon = names or {}, o.name == "muon"
     pgs = []
     for g in groups:
-        muon = [p for p in g.params if o.name == "muon" and muon_eligible(names.get(id(p), ""), p)]
+        muon = [p for p in g.params if on_muon and muon_eligible(names.get(id(p), ""), p)]
         taken = {id(p) for p in muon}
         decay = [p for p in g.params if p.ndim >= 2 and id(p) not in taken]
         no_decay = [p for p in g.params if p.ndim < 2]
-        for ps, wd, on_muon in ((muon, o.muon_weight_decay, True), (decay, o.weight_decay, False),
-                                (no_decay, 0.0, False)):
-            if ps or not on_muon:
-                pgs.append({"params": ps, "lr": o.lr * g.lr_mult, "weight_decay": wd, "name": g.name,
-                            "start_step": g.start_step, "muon": on_muon})
-    if o.name == "muon":
+        parts = [(decay, o.weight_decay, False), (no_decay, 0.0, False)] + ([(muon, o.muon_weight_decay, True)]
+                                                                            if muon else [])
+        for ps, wd, is_muon in parts:  # extra keys ride along in the groups; AdamW ignores "muon"
+            pgs.append({"params": ps, "lr": o.lr * g.lr_mult, "weight_decay": wd, "name": g.name,
+                        "start_step": g.start_step, "muon": is_muon})
+    if on_muon:
         return MuonAdamW(pgs, lr=o.lr, betas=tuple(o.betas), eps=o.eps, momentum=o.muon_momentum)
-    for pg in pgs:
-        del pg["muon"]
     return torch.optim.AdamW(pgs, lr=o.lr, betas=tuple(o.betas), eps=o.eps)
 
 
@@ -832,7 +830,8 @@ def check_optimizer(accelerator: Any, cfg: TrainConfig) -> None:
 
     if cfg.optim.name == "muon" and accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         raise TrainError(f"optim.name=muon needs each head matrix whole in every process, but this run shards the "
-                         f"heads ({accelerator.distributed_type.value}); use optim.name=adamw or plain DDP")
+                         f"heads or their optimiser state ({accelerator.distributed_type.value}); use "
+                         "optim.name=adamw or plain DDP")
 
 
 def train_loader(rows: Any, cfg: TrainConfig, steps: int, global_batch: int, pad_id: int, accelerator: Any

@@ -71,7 +71,9 @@ class MuonAdamW(torch.optim.Optimizer):
                     continue
                 g, state = p.grad, self.state[p]
                 if group["muon"]:
-                    buf = state.setdefault("momentum", torch.zeros_like(p))
+                    if "momentum" not in state:
+                        state["momentum"] = torch.zeros_like(p)
+                    buf = state["momentum"]
                     buf.lerp_(g, 1 - group["momentum"])
                     update = orthogonalize(g.lerp(buf, group["momentum"]), group["ns_steps"])  # Nesterov
                     p.mul_(1 - lr * wd)
@@ -79,11 +81,9 @@ class MuonAdamW(torch.optim.Optimizer):
                     continue
                 b1, b2 = group["betas"]
                 if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = float(state["step"])
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["step"] += 1  # a Python int: the bias corrections need no device sync
+                t = state["step"]
                 state["exp_avg"].lerp_(g, 1 - b1)
                 state["exp_avg_sq"].mul_(b2).addcmul_(g, g, value=1 - b2)
                 denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - b2 ** t)).add_(group["eps"])
