@@ -4,7 +4,7 @@ across switches between the two inside one generation, every row stays exact."""
 import pytest
 
 from headway.decode import Speculator
-from headway.decode.policy import RETRY_EVERY, TRY_STEPS, TreePolicy, batch_table
+from headway.decode.policy import RETRY_EVERY, TRY_STEPS, TreePolicy, batch_table, nearest_size
 from headway.decode.shapes import chain
 
 from test_decode_batch import batch, llama, oracles  # noqa: F401  (fixtures)
@@ -55,7 +55,7 @@ def test_a_sampling_table_decides_sampled_batches():
     """T>0 follows its own tuned table (sampled drafts are accepted less often); without one, T=0's."""
     p = policy(by_batch={1: True, 8: False}, by_batch_sampling={1: False, 4: True})
     assert p.speculate(1) and not p.speculate(1, sampling=True)  # one prompt too, when a table says so
-    assert p.speculate(4, sampling=True) and p.speculate(4)
+    assert p.speculate(4, sampling=True) and p.speculate(2) and not p.speculate(4)  # 4: nearer 8 than 1
     assert not p.speculate(8) and p.speculate(8, sampling=True)
     assert not policy(by_batch={1: True, 8: False}).speculate(8, sampling=True)
 
@@ -64,20 +64,26 @@ def test_a_table_tree_is_drafted_at_its_batch_size():
     """A tuned entry may name the tree that was fastest at that size: larger batches draft smaller trees."""
     p = policy(by_batch=batch_table({"1": True, "4": "chain-1", "8": False}))
     assert p.shape_for(100, False, 1).depth == 3  # True: the default tree
-    assert p.speculate(4) and p.shape_for(100, False, 6).depth == 1
+    assert p.speculate(4) and p.shape_for(100, False, 5).depth == 1  # 5: the nearest tuned size is 4
     assert not p.speculate(8)
     assert p.shape_for(0, False, 4).depth == 0 and p.largest_size() == 4  # the default chain-3: 4 nodes
 
 
-def test_the_tuned_table_takes_the_nearest_smaller_size():
+def test_the_tuned_table_takes_the_nearest_size_by_ratio():
+    """Rows leave a batch as they finish: a batch of 16 down to 15 rows is decoded as 16 was tuned
+    (the nearest smaller size, 8, drafted there and ran 0.93x plain decoding on SmolLM2)."""
     p = policy(by_batch=batch_table({"1": True, "4": False, "16": True}))
-    assert [p.speculate(b) for b in (1, 2, 4, 8, 16, 32)] == [True, True, False, False, True, True]
+    sizes = (1, 2, 3, 4, 5, 7, 8, 12, 15, 16, 32)
+    # 2 and 8 lie halfway by ratio: the larger size's entry
+    assert [p.speculate(b) for b in sizes] == [True, False, False, False, False, False, True, True, True, True, True]
+    assert nearest_size({1, 2, 4, 8, 16}, 15) == 16 and nearest_size({1, 2, 4, 8, 16}, 6) == 8
+    assert nearest_size({1, 2, 4, 8, 16}, 5) == 4 and nearest_size({4}, 1) == 4
     assert policy(by_batch={4: False}).speculate(2) is False  # below the smallest: the smallest's
     assert policy(by_batch={1: False}, batch_aware=False).speculate(8)
 
 
 @pytest.mark.parametrize("kind", ["eagle3", "dflash", "medusa"])
-@pytest.mark.parametrize("table", [{1: False}, {1: True, 3: False}, {1: False, 3: True}, {1: "chain-1", 3: "chain-3"}])
+@pytest.mark.parametrize("table", [{1: False}, {2: True, 3: False}, {1: False, 3: True}, {1: "chain-1", 3: "chain-3"}])
 def test_switching_between_plain_and_drafted_steps_stays_exact(llama, batch, kind, table):  # noqa: F811
     """Rows leave as they stop, so the batch size crosses the table's cut-over mid-generation: the
     proposer then catches up on the paths of the plain steps it skipped, in one call."""
@@ -121,7 +127,7 @@ def test_drafter_catching_up_in_chunks_drafts_as_one_call(llama, batch, kind, mo
 
     def drafted_trees(every):
         monkeypatch.setattr(S, "FLUSH_EVERY", every)
-        spec = Speculator(model, tok, make_heads(kind, model), tree="chain-3", by_batch={1: True, 3: False})
+        spec = Speculator(model, tok, make_heads(kind, model), tree="chain-3", by_batch={2: True, 3: False})
         trees = []
 
         class Capture:

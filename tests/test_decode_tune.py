@@ -6,7 +6,8 @@ from headway.cli import main
 from headway.decode import Speculator
 from headway.decode.shapes import StaticShape, chain
 from headway.bench.methods import tree_spec
-from headway.bench.tune import TuneConfig, expected_accepted, interpolate, shape_spec, tune
+from headway.bench.tune import (SPECULATE_MARGIN, TuneConfig, batch_choice, expected_accepted, interpolate, shape_spec,
+                                tune)
 from headway.decode.shapes import parse_shape
 from headway.heads import Eagle1Drafter, MedusaHeads
 from headway.testing import sample_texts
@@ -96,8 +97,9 @@ def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir, caps
         [tree] = set(side[1][mode]["candidates"]) - {"plain"}  # the tuned tree, by the name tune gave it
         for b in side:
             rates = side[b][mode]["candidates"]
-            best = max(rates, key=rates.get)
+            best = batch_choice(rates)
             assert decode[key][str(b)] == (False if best == "plain" else True if best == tree else best)
+
     spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
     for table, key in ((spec.policy.by_batch, "by_batch"), (spec.policy.by_batch_sampling, "by_batch_sampling")):
         assert {b: v if isinstance(v, bool) else shape_spec(v) for b, v in table.items()} == \
@@ -186,3 +188,10 @@ def test_tune_keeps_a_tree_per_temperature_and_decoders_use_each(tmp_path, llama
     stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
     assert stored["tree"] == "chain-2" and "sampling_tree" not in stored
     assert Speculator.from_pretrained(str(llama_dir), str(hdir)).tree_for(1.0).depth == 2
+
+
+def test_a_batch_size_drafts_only_where_drafting_beats_plain_decoding_by_the_margin():
+    assert batch_choice({"plain": 100.0, "chain-1": 104.0, "chain-2": 90.0}) == "plain"  # a near-tie: plain
+    assert batch_choice({"plain": 100.0, "chain-1": 104.0, "chain-2": 106.0}) == "chain-2"
+    assert batch_choice({"plain": 100.0, "measured-4": 100.0 * SPECULATE_MARGIN}) == "measured-4"
+    assert batch_choice({"plain": 100.0, "measured-4": 99.0}) == "plain"

@@ -13,7 +13,8 @@ from headway.target import load_target
 from headway.testing import save_tiny_target
 from headway.train.batch import collate, target_batch
 from headway.train.config import TrainConfig
-from headway.train.blocks import anchor_candidates, block_mask, row_draws, select_anchors, slot_labels
+from headway.train.blocks import (accepted_at_every_anchor, anchor_candidates, block_mask, block_predictions, row_draws,
+                                  select_anchors, slot_labels)
 from headway.train.dflash import DFlashTask, least_used_token
 from headway.train.eagle import feature_batch
 from headway.train.loop import fit, train
@@ -71,6 +72,35 @@ def test_slot_labels_stop_at_the_row_end_and_at_prompt_tokens():
     assert least_used_token(torch.tensor([3, 0, 5, 0, 2])) == 3
 
 
+def test_accepted_at_every_anchor_counts_each_blocks_greedy_run_in_chunks():
+    """Every whole-block anchor gets its block's run of drafts equal to the label, the same in
+    chunks as in one call; a block whose drafts are the label is accepted whole."""
+    from headway.testing import tiny_target
+
+    target, _ = tiny_target()
+    torch.manual_seed(0)
+    d = DFlashDrafter.for_target(target, mask_token_id=3, block_size=4).eval()
+    ids = torch.randint(4, 384, (2, 14), generator=torch.Generator().manual_seed(1))
+    mask = torch.zeros(2, 14, dtype=torch.long)
+    mask[0, 3:14], mask[1, 5:11] = 1, 1
+    context = torch.randn(2, 14, target.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    logits, rows, pos = block_predictions(d, ids, mask, context, 14)  # every anchor, one call
+    drafts = d.to_target_ids(logits.argmax(-1))  # (N, 3)
+    label = torch.randint(4, 384, (2, 14), generator=torch.Generator().manual_seed(3))
+    j = int((rows == 1).nonzero()[0])  # row 1's first block (blocks of one row overlap)
+    label[0, pos[0] - 1] = drafts[0]  # row 0's first block's drafts are the label: all 3 accepted
+    label[1, pos[j, :2] - 1] = drafts[j, :2]  # row 1's first block: its first two (its third: another token)
+    label[1, pos[j, 2] - 1] = 4 if drafts[j, 2] != 4 else 5
+    with torch.no_grad():
+        one, at = accepted_at_every_anchor(d, ids, mask, context, label, chunk=100)
+        chunked, at2 = accepted_at_every_anchor(d, ids, mask, context, label, chunk=2)
+    assert torch.equal(at, anchor_candidates(mask, 4, whole=True)) and torch.equal(at2, at)
+    assert torch.equal(chunked, one) and torch.equal(one[~at], torch.zeros_like(one[~at]))
+    want = (drafts == label[rows[:, None], pos - 1]).long().cumprod(1).sum(1)
+    assert torch.equal(one[rows, pos[:, 0] - 1], want)
+    assert want[0] == 3 and want[j] == 2
+
+
 # -- through the loop ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -114,6 +144,7 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
     assert list(meta["training"]["options"]) == ["dflash"]  # the card records the options DFlash reads
     assert meta["training"]["options"]["dflash"]["block_size"] == 4
     assert 1.0 <= ev["tau"] <= 4.0 and ev["positions"] > 0 and len(ev["accept_rate_by_depth"]) == 3
+    assert 1.0 <= ev["tau_decode"] <= 4.0 and 0 < ev["decode_steps"]  # blocks where a decoder's steps start
     assert 0 < ev["draft_vocab_coverage"] <= 1  # the share of held-out answer tokens the draft vocabulary has
     assert len(ev["top1"]) == 3 and sum(ev["accept_hist"]) == ev["positions"] and len(ev["calibration"]["accuracy"]) == 3
     log = (tmp_path / "run" / "log.jsonl").read_text()
@@ -227,6 +258,7 @@ def test_a_briefly_trained_block_drafter_beats_its_untrained_self_and_decodes_fa
     e0, e1 = before.metadata["eval"], load_heads(after).metadata["eval"]
     assert e0["tau"] < 1.1 and e1["tau"] > e0["tau"] + 0.3, (e0, e1)
     assert e1["tau_greedy"] == pytest.approx(e1["tau"], abs=0.02)
+    assert e1["tau_decode"] > e0["tau_decode"] + 0.2, (e0, e1)
     # the decoder reaches the simulated acceptance on the same kind of text, and stays exact
     model, tok = load_target(str(target_dir))
     spec = Speculator.from_pretrained(model, after, tokenizer=tok, tree="chain-4")

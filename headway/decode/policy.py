@@ -12,6 +12,7 @@ nothing, so the output is the target's either way."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,7 +82,7 @@ class TreePolicy:
     ``by_batch`` maps a batch size to ``False`` (plain decoding), ``True`` (speculate with ``tree``)
     or the tree that was fastest at that size (a B-row verify costs more, so smaller trees win as B
     grows), tuned at T=0 (``by_batch_sampling``: above, where sampled drafts are accepted less
-    often); sizes between tuned ones take the nearest smaller one. ``sampled_drafts``: at T > 0 a
+    often); a size between tuned ones takes the nearest by ratio (``nearest_size``). ``sampled_drafts``: at T > 0 a
     chain's drafts are sampled from the drafter and verified by speculative sampling; ``typical``:
     Medusa's lossy typical acceptance (threshold, alpha)."""
 
@@ -145,12 +146,12 @@ class TreePolicy:
         return (not faster) if step % RETRY_EVERY == RETRY_EVERY - 1 else faster
 
     def tuned(self, batch_size: int, sampling: bool) -> bool | TreeShape | None:
-        """The tuned table's entry for this batch size (the nearest smaller size's), or None."""
+        """The tuned table's entry for this batch size, or None: the nearest tuned size by ratio
+        (``nearest_size``), since rows leave a batch as they finish."""
         table = self.by_batch_sampling if sampling and self.by_batch_sampling else self.by_batch
         if not table or not self.batch_aware:
             return None
-        known = [b for b in sorted(table) if b <= batch_size] or [min(table)]
-        return table[known[-1]]
+        return table[nearest_size(table, batch_size)]
 
     def largest_size(self) -> int:
         """Nodes of the largest tree this policy may draft (a static cache leaves room for it)."""
@@ -188,6 +189,12 @@ class TreePolicy:
             rest = step_cost if step_cost is not None else time.perf_counter() - t_draft
             return best_size(gains, costs + rest)
         return size_for
+
+
+def nearest_size(sizes: Any, batch_size: int) -> int:
+    """The tuned size nearest ``batch_size`` by ratio, the larger on a tie: a batch of 16 whose
+    first row has finished (15) is decoded as 16 was tuned, not as 8, and 6 as 8, 5 as 4."""
+    return min(sorted(sizes), key=lambda b: (abs(math.log(batch_size / b)), -b))
 
 
 def batch_table(stored: Any) -> dict[int, bool | TreeShape] | None:

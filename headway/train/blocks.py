@@ -102,8 +102,14 @@ def block_predictions(drafter: DFlashDrafter, input_ids: Tensor, loss_mask: Tens
     """Blocks at the first ``anchors`` positions of each row whose every slot is an answer token ->
     (logits (N, bs-1, Vd) of the N valid blocks, their rows (N,), the positions (N, bs-1) of the
     tokens they predict); with a path correction, along the data's tokens."""
+    a, valid = select_anchors(anchor_candidates(loss_mask, drafter.block_size, whole=True), anchors)
+    return blocks_at(drafter, input_ids, loss_mask, context, a, valid)
+
+
+def blocks_at(drafter: DFlashDrafter, input_ids: Tensor, loss_mask: Tensor, context: Tensor, a: Tensor,
+              valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``block_predictions`` at given anchors (B, n) and their ``valid`` (B, n) flags."""
     bs = drafter.block_size
-    a, valid = select_anchors(anchor_candidates(loss_mask, bs, whole=True), anchors)
     out = draft_blocks(drafter, input_ids, context, a)[:, :, 1:]  # (B, n, bs-1, H)
     pos, _ = slot_labels(a, valid, loss_mask, bs)
     rows = torch.arange(input_ids.shape[0], device=a.device)[:, None].expand_as(a)  # (B, n)
@@ -119,3 +125,22 @@ def correction_states(drafter: DFlashDrafter, input_ids: Tensor, out: Tensor, po
         return None
     parents = input_ids.gather(1, (pos - 1).flatten(1)).view_as(pos)  # (B, n, bs-1)
     return drafter.path_states(out, parents)
+
+
+def accepted_at_every_anchor(drafter: DFlashDrafter, input_ids: Tensor, loss_mask: Tensor, context: Tensor,
+                             label: Tensor, chunk: int = 32) -> tuple[Tensor, Tensor]:
+    """A greedy block drafted at every whole-block anchor of each row, ``chunk`` anchors per call
+    (bounded memory) -> (accepted (B, T) long: the block's drafts equal to ``label`` (B, T), the
+    token each position should predict, in a row from slot 1; anchors (B, T) bool)."""
+    B, T = input_ids.shape
+    a, valid = select_anchors(anchor_candidates(loss_mask, drafter.block_size, whole=True), T)
+    n = int(valid.sum(1).max()) if valid.numel() else 0
+    accepted = torch.zeros(B, T, dtype=torch.long, device=input_ids.device)
+    at = torch.zeros(B, T, dtype=torch.bool, device=input_ids.device)
+    for c in range(0, n, chunk):
+        logits, rows, pos = blocks_at(drafter, input_ids, loss_mask, context, a[:, c:c + chunk], valid[:, c:c + chunk])
+        draft = drafter.to_target_ids(logits.argmax(-1))  # (N, bs-1)
+        hits = (draft == label[rows[:, None], pos - 1]).long().cumprod(dim=1).sum(dim=1)  # (N,)
+        accepted[rows, pos[:, 0] - 1] = hits
+        at[rows, pos[:, 0] - 1] = True
+    return accepted, at
