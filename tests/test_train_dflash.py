@@ -13,8 +13,8 @@ from headway.target import load_target
 from headway.testing import save_tiny_target
 from headway.train.batch import collate, target_batch
 from headway.train.config import TrainConfig
-from headway.train.blocks import (accepted_at_every_anchor, anchor_candidates, block_mask, block_predictions, row_draws,
-                                  select_anchors, slot_labels)
+from headway.train.blocks import (accepted_at_every_anchor, anchor_candidates, block_mask, block_predictions,
+                                  decoder_anchors, row_draws, select_anchors, slot_labels)
 from headway.train.dflash import DFlashTask, least_used_token
 from headway.train.eagle import feature_batch
 from headway.train.loop import fit, train
@@ -99,6 +99,18 @@ def test_accepted_at_every_anchor_counts_each_blocks_greedy_run_in_chunks():
     want = (drafts == label[rows[:, None], pos - 1]).long().cumprod(1).sum(1)
     assert torch.equal(one[rows, pos[:, 0] - 1], want)
     assert want[0] == 3 and want[j] == 2
+
+
+def test_decoder_anchors_start_at_the_answer_and_move_past_the_accepted_drafts():
+    """Blocks of 4 over an answer at 3..14: the prefill emits token 3, so the first block is
+    anchored there; accepting a drafts moves a + 1 on; the walk ends where no whole block fits.
+    9 marks anchors the walk must never read."""
+    loss_mask = torch.zeros(1, 16, dtype=torch.long)
+    loss_mask[0, 3:15] = 1
+    at = anchor_candidates(loss_mask, 4, whole=True)  # anchors 3..11
+    accepted = torch.tensor([[0, 0, 0, 1, 9, 3, 9, 9, 9, 0, 2, 9, 0, 0, 0, 0]])
+    # 3 accepts 1 -> 5 accepts 3 -> 9 accepts 0 -> 10 accepts 2 -> 13: not a whole-block anchor
+    assert decoder_anchors(accepted, at, loss_mask)[0].nonzero().flatten().tolist() == [3, 5, 9, 10]
 
 
 # -- through the loop ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..heads import DFlashDrafter
-from .ttt import noise_seed, shift_left
+from .ttt import decoder_step_starts, noise_seed, shift_left
 
 
 def anchor_candidates(loss_mask: Tensor, block_size: int, whole: bool = False) -> Tensor:
@@ -144,3 +144,12 @@ def accepted_at_every_anchor(drafter: DFlashDrafter, input_ids: Tensor, loss_mas
         accepted[rows, pos[:, 0] - 1] = hits
         at[rows, pos[:, 0] - 1] = True
     return accepted, at
+
+
+def decoder_anchors(accepted: Tensor, at: Tensor, loss_mask: Tensor) -> Tensor:
+    """(B, T) bool: the anchors where a greedy block decoder drafts, from each anchor's ``accepted``
+    drafts and the whole-block anchors ``at`` (``accepted_at_every_anchor``): the first block of an
+    answer is anchored at its first token (the prefill emitted it), the next one accepted + 1 tokens
+    on. ``decoder_step_starts`` walks from the index before an answer, hence the shifts."""
+    steps = decoder_step_starts(shift_left(accepted, 1), shift_left(at, 1, False), loss_mask)
+    return torch.cat([torch.zeros_like(steps[:, :1]), steps[:, :-1]], dim=1)

@@ -26,13 +26,13 @@ from torch import Tensor, nn
 
 from ..heads import DFlashDrafter, HeadsBase
 from .batch import TargetBatch
-from .blocks import (accepted_at_every_anchor, anchor_candidates, block_predictions, correction_states, draft_blocks,
-                     row_draws, select_anchors, slot_labels)
+from .blocks import (accepted_at_every_anchor, anchor_candidates, block_predictions, correction_states, decoder_anchors,
+                     draft_blocks, row_draws, select_anchors, slot_labels)
 from .calibration import calibration_sums
 from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
 from .eagle import _EagleTask, pass_deepest_feature_through, refuse_other_shapes, target_layer_modules
-from .ttt import acceptance_stats, decoder_step_starts, shift_left
+from .ttt import acceptance_stats
 
 
 def dflash_loss(drafter: DFlashDrafter, input_ids: Tensor, context: Tensor, target_logits: Tensor,
@@ -91,11 +91,8 @@ def block_eval_sums(drafter: DFlashDrafter, tb: TargetBatch, context: Tensor, ta
 
     ids = drafter.to_draft_ids(data)  # (N, bs-1) -1 outside the draft vocabulary
     calib = calibration_sums([logits[:, j] for j in range(depth)], [ids[:, j] for j in range(depth)])
-    # a greedy decoder's steps: its first block is anchored at an answer's first token, the next one
-    # accepted + 1 tokens on (decoder_step_starts walks from the index before its first anchor)
     every, at = accepted_at_every_anchor(drafter, tb.input_ids, tb.loss_mask, context, target_top)
-    every, at = shift_left(every, 1), shift_left(at, 1, False)
-    steps = decoder_step_starts(every, at, tb.loss_mask)
+    steps = decoder_anchors(every, at, tb.loss_mask)  # where a greedy decoder's blocks start
     return {"accept_hist": hist(data), "accept_hist_greedy": hist(top),
             "accept_hist_decode": acceptance_stats(every, steps, depth)["accept_hist"],
             "top1_hits": (draft == data).sum(0).float(), "starts": ones.sum().float().reshape(1), **calib}
