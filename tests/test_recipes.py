@@ -54,7 +54,7 @@ SMOLLM2 = [
     ("train", "smollm2/eagle3.yaml"), ("train", "smollm2/eagle3-3k.yaml"), ("train", "smollm2/eagle3-3k-e3.yaml"),
     ("train", "smollm2/eagle1.yaml"), ("train", "smollm2/medusa.yaml"), ("train", "smollm2/dflash.yaml"),
     ("train", "smollm2/eagle3-1k5.yaml"), ("train", "smollm2/dflash-1k5.yaml"),
-    ("train", "smollm2/eagle3-6k.yaml"),
+    ("train", "smollm2/eagle3-6k.yaml"), ("train", "smollm2/dflash-6k.yaml"),
     ("prompts", "smollm2/prompts.yaml"), ("distill", "smollm2/distill-self.yaml"),
     ("features", "smollm2/features-self.yaml"), ("merge", [f"{F}-6k", f"{F}-self", "--output", f"{F}-10k"]),
     ("train", "smollm2/eagle3-10k.yaml"),
