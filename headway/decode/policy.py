@@ -194,7 +194,7 @@ class TreePolicy:
 def nearest_size(sizes: Any, batch_size: int) -> int:
     """The tuned size nearest ``batch_size`` by ratio, the larger on a tie: a batch of 16 whose
     first row has finished (15) is decoded as 16 was tuned, not as 8, and 6 as 8, 5 as 4."""
-    return min(sorted(sizes), key=lambda b: (abs(math.log(batch_size / b)), -b))
+    return min(sizes, key=lambda b: (abs(math.log(batch_size / b)), -b))
 
 
 def batch_table(stored: Any) -> dict[int, bool | TreeShape] | None:
