@@ -68,6 +68,9 @@ def test_check_decode_args_refuses_what_cannot_fit_the_context():
     ("chain-0", "at least one draft"),
     ("chain--2", "at least one draft"),
     ("chainfoo", "expected chain-N"),
+    ("fork-0", "at least one draft"),
+    ("fork", "expected fork-N"),
+    ("fork-2x", "expected fork-N"),
     ("dynamic-", "expected dynamic-TOPK-DEPTH-TOTAL"),
     ("dynamic-a-5-16", "expected dynamic-TOPK-DEPTH-TOTAL"),
     ("dynamic-4-5-16-3", "expected dynamic-TOPK-DEPTH-TOTAL"),
@@ -92,6 +95,17 @@ def test_malformed_tree_specs_are_clear_errors(spec, words):
     with pytest.raises(TreeSpecError) as e:
         parse_shape(spec)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_fork_spec_reads_back():
+    from headway.bench.tune import shape_spec
+    from headway.decode.shapes import is_fork
+
+    shape = parse_shape("fork-3")
+    assert shape.parents.tolist() == [-1, 0, 0, 1, 1, 3, 3] and shape.ranks.tolist() == [0, 0, 1, 0, 1, 0, 1]
+    assert is_fork(shape) and is_fork(parse_shape("static:[[0],[1],[0,0],[0,1]]")) and is_fork(shape.truncated(2))
+    assert not is_fork(parse_shape("chain-3")) and not is_fork(parse_shape("static:[[0],[1],[0,0]]"))
+    assert shape_spec(shape) == "fork-3" and shape_spec(shape.truncated(1)) == "fork-1"
 
 
 def test_tree_specs_are_bounded_and_refused_at_once():

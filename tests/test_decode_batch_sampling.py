@@ -80,14 +80,15 @@ def alternating(spec):
 
 
 CASES = [("eagle3", "dynamic-3-3-8", False), ("medusa", "mc_sim_7b_63", False), ("eagle3", "chain-3", False),
-         ("dflash", "chain-3", False), ("eagle3", "chain-3", True), ("dflash-correction", "dynamic-3-3-8", False)]
+         ("dflash", "chain-3", False), ("eagle3", "chain-3", True), ("dflash-correction", "dynamic-3-3-8", False),
+         ("eagle3", "fork-2", True), ("dflash-correction", "fork-2", False)]
 
 
 @pytest.mark.parametrize("kind,shape,plain_steps", CASES)
 def test_batched_sampling_matches_target(target, kind, shape, plain_steps):
     model = no_eos(target)
     params = SamplingParams(temperature=1.0)
-    heads = smoothed_heads(kind, model) if shape == "chain-3" else heads_for(kind, model)
+    heads = smoothed_heads(kind, model) if shape in ("chain-3", "fork-2") else heads_for(kind, model)
     spec = Speculator(model, tiny_tokenizer(), heads, tree=shape, sampling_tree=shape, batch_policy="always")
     if plain_steps:
         alternating(spec)
@@ -126,7 +127,7 @@ def test_batched_seeds_replay(target):
     assert [r.ids for r in a.rows] == [r.ids for r in b.rows]
 
 
-@pytest.mark.parametrize("shape", ["dynamic-3-3-8", "chain-3"])
+@pytest.mark.parametrize("shape", ["dynamic-3-3-8", "chain-3", "fork-2"])
 def test_biased_batched_verifiers_are_caught(target, monkeypatch, shape):
     model = no_eos(target)
     params = SamplingParams(temperature=1.0)
@@ -134,8 +135,8 @@ def test_biased_batched_verifiers_are_caught(target, monkeypatch, shape):
         monkeypatch.setattr(step_module, "verify_sampled_chain", lambda *a: verify_sampled_chain(*a, residual=False))
         heads = heads_for("eagle1", model)
     else:
-        monkeypatch.setattr(step_module, "verify_sample", lambda *a: verify_sample(*a, renormalise=False))
-        heads = heads_for("medusa", model)
+        monkeypatch.setattr(step_module, "verify_sample", lambda *a, **k: verify_sample(*a, **k, renormalise=False))
+        heads = heads_for("medusa" if shape == "dynamic-3-3-8" else "eagle1", model)
     # every step drafts: the biased verifier runs every step
     spec = Speculator(model, tiny_tokenizer(), heads, tree=shape, sampling_tree=shape, batch_policy="always")
     counts, _ = batched_counts(spec, 2_000, params, seed=9)

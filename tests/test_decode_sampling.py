@@ -378,3 +378,141 @@ def test_sampled_drafts_are_used_only_for_chains_at_temperature(target):
     off = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="chain-3", sampled_drafts=False)
     st = off.start(torch.tensor([PROMPT]), SamplingParams(1.0), torch.Generator())
     assert off.draft_and_score(off.fork(st), SamplingParams(1.0), torch.Generator()).draft_probs is None
+
+
+# ---- sampled children in static trees (fork-N above T=0) ----------------------------------------
+
+
+def test_verify_sample_with_a_drawn_child_by_hand():
+    # root's children: token 2 (deterministic top-1), then token 4 drawn from q = [0, 0, 0, .5, .5, 0]
+    # (the drafter's distribution less token 2). Target at the root: p = [.1, 0, .3, 0, .6, 0].
+    b = TreeBuffers.build(torch.tensor([-1, 0, 0]))
+    tokens = torch.tensor([0, 2, 4])
+    probs = torch.tensor([[0.1, 0, 0.3, 0, 0.6, 0], [0, 1.0, 0, 0, 0, 0], [0, 0, 0, 1.0, 0, 0]])
+    q = torch.tensor([0, 0, 0, 0.5, 0.5, 0])
+    # reject 2 (u = .5 >= .3): residual r~ = [1/7, 0, 0, 0, 6/7, 0]; accept 4 iff u < min(1, (6/7) / .5) = 1
+    v = verify_sample(tokens, b, probs, torch.tensor([0, 0.5, 0.99]), torch.tensor(0.5), proposals={2: q})
+    assert v.nodes.tolist() == [0, 2] and int(v.bonus) == 3
+    # a drawn 3 (q = .5, r~(3) = 0) is always rejected; the bonus comes from max(r~ - q, 0) = [1/7, 0, 0, 0, 5/14, 0]
+    tokens3 = torch.tensor([0, 2, 3])
+    # (sum 1/2): u = .39 lands past 1/7 (.39 * .5 = .195) on token 4, u = .2 on token 0
+    v = verify_sample(tokens3, b, probs, torch.tensor([0, 0.5, 0.0]), torch.tensor(0.39), proposals={2: q})
+    assert v.nodes.tolist() == [0] and int(v.bonus) == 4
+    v = verify_sample(tokens3, b, probs, torch.tensor([0, 0.5, 0.0]), torch.tensor(0.2), proposals={2: q})
+    assert v.nodes.tolist() == [0] and int(v.bonus) == 0
+    # without the drawn child's residual step the bonus would come from [1/7, 0, 0, 0, 6/7, 0]: u = .39 -> 4 too,
+    # but u = .15 -> 4 against 0 here (.15 * .5 = .075 < 1/7)
+    v = verify_sample(tokens3, b, probs, torch.tensor([0, 0.5, 0.0]), torch.tensor(0.15), proposals={2: q})
+    assert int(v.bonus) == 0
+
+
+def one_depth_counts(p, q, n, seed, first_drawn=True, renormalise=True):
+    """One depth with two children by hand: the first drawn from q (``first_drawn``, as ``fork-1``
+    draws it) or q's top-1, the second drawn from q less the first; count the first emitted token
+    and how often a draft is accepted."""
+    gen = torch.Generator().manual_seed(seed)
+    b = TreeBuffers.build(torch.tensor([-1, 0, 0]))
+    probs = torch.stack([p, p, p])
+    counts, accepted = torch.zeros(p.numel()), 0
+    for _ in range(n):
+        c = int(sample_from(q, torch.rand((), generator=gen))) if first_drawn else int(q.argmax())
+        rest = q.clone()
+        rest[c] = 0
+        rest /= rest.sum()
+        x = int(sample_from(rest, torch.rand((), generator=gen)))
+        u = torch.rand(4, generator=gen)
+        tokens = torch.tensor([0, c, x])
+        proposals = {1: q, 2: rest} if first_drawn else {2: rest}
+        v = verify_sample(tokens, b, probs, u[:3], u[3], renormalise=renormalise, proposals=proposals)
+        counts[int(tokens[v.nodes[1]]) if v.accepted else int(v.bonus)] += 1
+        accepted += v.accepted
+    return counts, accepted / n
+
+
+@pytest.mark.parametrize("first_drawn", [True, False])
+def test_two_children_emit_the_target_and_accept_more_than_one_sampled_draft(first_drawn):
+    p = torch.tensor([0.3, 0.35, 0.2, 0.1, 0.05, 0.0])
+    q = torch.tensor([0.6, 0.1, 0.1, 0.1, 0.0, 0.1])  # sharper than p, on the wrong top token, mass where p has none
+    n = N_SAMPLES
+    counts, rate = one_depth_counts(p, q, n, seed=0, first_drawn=first_drawn)
+    probs = {(i,): float(p[i]) for i in range(6)}
+    assert counts[5] == 0
+    assert chi_square_pvalue({(i,): int(counts[i]) for i in range(6)}, probs, n) > 1e-3
+    chain_rate = float(torch.minimum(p, q).sum())  # .6: one sampled draft
+    if not first_drawn:  # top-1 first: p(c) + sum_{x != c} min(p(x), q(x) (1 - p(c)) / (1 - q(c))) = .75
+        assert abs(rate - 0.75) < 0.025
+    assert rate > chain_rate + 0.05
+    biased, _ = one_depth_counts(p, q, n, seed=0, first_drawn=first_drawn, renormalise=False)
+    assert chi_square_pvalue({(i,): int(biased[i]) for i in range(6)}, probs, n) < 1e-6
+
+
+@torch.no_grad()
+def fork_samples(spec, params, n, seed, renormalise=True):
+    """Like ``sampled_chain_samples``, for a static tree whose last children are drawn."""
+    gen = torch.Generator().manual_seed(seed)
+    first_state = first_token_states(spec, params, gen)
+    states, counts = {}, {}
+    for _ in range(n):
+        prefix = first_state(states)
+        while len(prefix) < N_TOKENS:
+            st = spec.fork(states[prefix])
+            scored = spec.draft_and_score(st, params, gen)
+            tree = scored.tree
+            assert scored.draft_probs is None and tree.proposals
+            u = torch.rand(tree.buffers.size + 1, generator=gen)
+            verdict = verify_sample(tree.tokens, tree.buffers, processed_probs(scored.logits, params), u[:-1], u[-1],
+                                    renormalise=renormalise, proposals=tree.proposals)
+            new = tree.tokens[verdict.nodes[1:]].tolist() + [int(verdict.bonus)]
+            nxt = prefix + tuple(new)
+            if len(nxt) < N_TOKENS and nxt not in states:
+                spec.commit(st, scored, verdict)
+                states[nxt] = st
+            prefix = nxt
+        key = prefix[:N_TOKENS]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("kind,shape", [("eagle3", "fork-2"), ("medusa-vocab", "fork-2"),
+                                        ("dflash-correction", "fork-2"), ("eagle1", "static:[[0],[1],[0,0],[0,1]]")])
+def test_drawn_children_match_target(target, kind, shape):
+    params = SamplingParams(temperature=1.0)
+    spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree=shape)
+    probs = exact_distribution(target, params)
+    n = N_CHAIN
+    counts = fork_samples(spec, params, n, seed=seed_of(kind, shape))
+    assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
+    assert total_variation(counts, probs, n) < tv_bound(probs, n)
+
+
+def test_drawn_children_biased_verifier_is_caught(target):
+    params = SamplingParams(temperature=1.0)
+    spec = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="fork-2")
+    probs = exact_distribution(target, params)
+    counts = fork_samples(spec, params, N_CHAIN, seed=21, renormalise=False)
+    assert chi_square_pvalue(counts, probs, N_CHAIN) < 1e-6
+
+
+@torch.no_grad()
+def test_drawn_children_only_above_temperature_and_never_a_sibling(target):
+    spec = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="fork-2")
+    st = spec.start(torch.tensor([PROMPT]), SamplingParams(0.0), torch.Generator())
+    assert spec.draft_and_score(spec.fork(st), SamplingParams(0.0), torch.Generator()).tree.proposals is None
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(50):
+        tree = spec.draft_and_score(spec.fork(st), SamplingParams(1.0), gen).tree
+        assert sorted(tree.proposals) == [1, 2, 3, 4]  # fork-2: the chain 1 -> 3, siblings 2 and 4
+        assert tree.buffers.parents.tolist() == [-1, 0, 0, 1, 1]
+        tok = tree.tokens.tolist()
+        assert tok[2] != tok[1] and tok[4] != tok[3]  # a drawn child never repeats its sibling
+        assert all(float(tree.proposals[i][tok[i]]) > 0 for i in (1, 2, 3, 4))
+        assert float(tree.proposals[2][tok[1]]) == 0 and float(tree.proposals[4][tok[3]]) == 0  # less the first
+        seen.add(tok[1])
+    assert len(seen) > 1  # drawn, not ranked
+    chained = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="static:[[0],[1],[0,0]]")
+    st = chained.start(torch.tensor([PROMPT]), SamplingParams(1.0), torch.Generator())
+    assert chained.draft_and_score(chained.fork(st), SamplingParams(1.0), gen).tree.proposals is None  # not a fork
+    off = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="fork-2", sampled_drafts=False)
+    st = off.start(torch.tensor([PROMPT]), SamplingParams(1.0), torch.Generator())
+    assert off.draft_and_score(off.fork(st), SamplingParams(1.0), torch.Generator()).tree.proposals is None

@@ -75,7 +75,7 @@ class BenchConfig(DecodeTargetArgs):
     max_new_tokens: int = opt(128, "new tokens per generation at most (EOS stops earlier, for every method alike)")
     temperature: list[float] = opt(help="temperatures: --temperature 0 1 (exact-match is checked at 0)",
                                    default_factory=lambda: [0.0])
-    tree: list[str] = opt(help="tree shapes to try with every heads checkpoint (chain-N, mc_sim_7b_63, "
+    tree: list[str] = opt(help="tree shapes to try with every heads checkpoint (chain-N, fork-N, mc_sim_7b_63, "
                                "dynamic-K-D-T, adaptive-K-D-T, ...; 'stored': the checkpoint's tuned trees, "
                                "one per temperature if tuned so); default: each checkpoint's stored tree, "
                                "else its kind's default",

@@ -29,8 +29,8 @@ from ..progress import Progress
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
 from ..decode.cost import forward_cost, interpolate
 from ..decode.sampling import SamplingParams
-from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, from_accuracies, is_top1_chain,
-                             mc_sim_7b_63)
+from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, fork, from_accuracies,
+                             is_top1_chain, mc_sim_7b_63)
 from ..decode.speculator import Speculator
 from ..decode.step import verify_row
 
@@ -41,6 +41,8 @@ def shape_spec(shape: TreeShape) -> str:
         return shape.spec
     if is_top1_chain(shape):
         return f"chain-{shape.depth}"
+    if shape.paths == fork(shape.depth).paths:
+        return f"fork-{shape.depth}"
     return "static:" + json.dumps([list(p) for p in shape.paths], separators=(",", ":"))
 
 
@@ -158,6 +160,16 @@ def chains(spec: Speculator, depth: int) -> dict[str, TreeShape]:
     return {f"chain-{s.depth}": s for s in shapes}
 
 
+FORK_DEPTHS = 3  # fork-1 .. fork-3 join the candidates: above T=0 the short ones pay where chains do
+
+
+def forks(spec: Speculator, depth: int) -> dict[str, TreeShape]:
+    """fork-1 .. fork-``depth``: a top-1 chain with a sibling at every depth, drawn from the
+    drafter above T=0, where each depth then accepts at least what a sampled chain's does."""
+    shapes = [spec.fit_tree(fork(d)) for d in range(1, depth + 1)]
+    return {shape_spec(s): s for s in shapes}
+
+
 def dynamic_budgets(spec: Speculator, sizes: list[int], depth: int) -> dict[str, TreeShape]:
     """Dynamic trees with the node budgets of the static finalists: at equal size, whether ranking
     by (calibrated) draft confidence beats the measured static tree is measured, not guessed."""
@@ -209,6 +221,7 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     shapes.update(presets(spec))
     shapes.update(dynamic_budgets(spec, [int(k.split("-")[1]) for k in best], cfg.probe_depth))
     shapes.update(chains(spec, len(acc)))
+    shapes.update(forks(spec, min(FORK_DEPTHS, len(acc))))
     say(f"running {len(shapes)} trees side by side: {', '.join(shapes)}")
     results = {}
     runs = len(cfg.temperatures) * cfg.repeats * len(prompts) * len(shapes)

@@ -19,27 +19,33 @@ from typing import Any, Sequence
 import torch
 
 from .batch_proposers import BatchProposer
-from .shapes import (DraftTree, DynamicShape, StaticShape, TreeShape, _levels, calibrated, chain, depth_temperature,
-                     select_tree)
+from .shapes import (DraftTree, DynamicShape, SampleChild, StaticShape, TreeShape, _levels, calibrated, chain,
+                     depth_temperature, draw_children, select_tree, to_target_proposals)
 
 
-def build_static_batch(shape: StaticShape, bp: BatchProposer, roots: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens (B, N), draft ids (B, N)) of the static shape for every row; only nodes with
-    children are expanded, one ``expand`` call per level for all rows."""
+def build_static_batch(shape: StaticShape, bp: BatchProposer, roots: torch.Tensor,
+                       samples: Sequence[SampleChild | None] = ()
+                       ) -> tuple[torch.Tensor, torch.Tensor, list[dict[int, torch.Tensor]]]:
+    """(tokens (B, N), draft ids (B, N), per row the drawn nodes' draft-vocab proposals) of the
+    static shape for every row; only nodes with children are expanded, one ``expand`` call per
+    level for all rows. ``samples[b]`` draws row b's children above T=0 (``build_static``)."""
     levels, _ = _levels(shape, roots.device)
     B = roots.numel()
     draft = torch.full((B, shape.size), -1, dtype=torch.long, device=roots.device)
+    drawn: list[dict[int, torch.Tensor]] = [{} for _ in range(B)]
     logp = bp.root_logprobs()[:, None]  # (B, 1, V)
     for d, lv in enumerate(levels, start=1):
         top = logp.topk(lv.k, dim=-1).indices  # (B, n_parents, k)
         draft[:, lv.nodes] = top[:, lv.parent_row, lv.ranks]
+        for b, sample in enumerate(samples):
+            if sample is not None:
+                draw_children(lv, logp[b], draft[b], drawn[b], sample)
         if d == len(levels):
             break
         logp = bp.expand(lv.expand_parent_row.expand(B, -1), bp.to_target_ids(draft[:, lv.expand]), d)
     tokens = bp.to_target_ids(draft.clamp(min=0))
     tokens[:, 0] = roots
-    return tokens, draft
+    return tokens, draft, drawn
 
 
 def build_dynamic_batch(shape: DynamicShape, bp: BatchProposer, roots: torch.Tensor, depths: Sequence[int]
@@ -73,15 +79,19 @@ def build_dynamic_batch(shape: DynamicShape, bp: BatchProposer, roots: torch.Ten
                         score[b, :sizes[depths[b] - 1]], shape.total_tokens, bp, roots[b]) for b in range(B)]
 
 
-def build_trees(shapes: Sequence[TreeShape], bp: BatchProposer, roots: torch.Tensor) -> list[DraftTree]:
-    """One tree per row (row b of ``shape[b]``, all truncations of one shape; module docstring)."""
+def build_trees(shapes: Sequence[TreeShape], bp: BatchProposer, roots: torch.Tensor,
+                samples: Sequence[SampleChild | None] = (), target_vocab: int = 0) -> list[DraftTree]:
+    """One tree per row (row b of ``shape[b]``, all truncations of one shape; module docstring);
+    ``samples`` draw a fork's children above T=0 (``shapes.build_static``)."""
     if isinstance(shapes[0], StaticShape):
         full = max(shapes, key=lambda s: s.size)
-        tokens, draft = build_static_batch(full, bp, roots)
+        tokens, draft, drawn = build_static_batch(full, bp, roots, samples)
         out = []
         for b, s in enumerate(shapes):
             buffers = _levels(s, roots.device)[1]
-            out.append(DraftTree(tokens[b, :s.size], buffers, draft[b, :s.size]))
+            mine = {n: q for n, q in drawn[b].items() if n < s.size}  # a truncation keeps a prefix of the nodes
+            proposals = to_target_proposals(bp, mine, target_vocab) if samples and samples[b] else None
+            out.append(DraftTree(tokens[b, :s.size], buffers, draft[b, :s.size], proposals))
         return out
     cap = bp.max_depth
     depths = [min(s.depth, cap or s.depth) for s in shapes]

@@ -22,10 +22,10 @@ class GenerateConfig(DecodeTargetArgs):
     top_p: float = opt(1.0, "nucleus sampling mass")
     top_k: int = opt(0, "top-k sampling (0 = off)")
     seed: int | None = opt(None, "random seed for sampling")
-    tree: str | None = opt(None, "tree shape: chain-N, mc_sim_7b_63, static:[[0],[0,0]], dynamic[-K-DEPTH-TOTAL], "
-                                 "adaptive[-K-DEPTH-TOTAL] (per step, only the best nodes worth their verify cost; "
-                                 "at most 64 deep, 1024 nodes, K <= 64); default: the tuned tree stored with "
-                                 "the heads for this temperature, else a kind default")
+    tree: str | None = opt(None, "tree shape: chain-N, fork-N, mc_sim_7b_63, static:[[0],[0,0]], "
+                                 "dynamic[-K-DEPTH-TOTAL], adaptive[-K-DEPTH-TOTAL] (per step, only the best nodes "
+                                 "worth their verify cost; at most 64 deep, 1024 nodes, K <= 64); default: the tuned "
+                                 "tree stored with the heads for this temperature, else a kind default")
     calibrate: bool = opt(True, CALIBRATE_HELP)
     stop: list[str] = opt(default_factory=list, help="stop strings")
     stream: bool = opt(False, "print tokens as they are accepted")

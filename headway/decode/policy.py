@@ -21,7 +21,7 @@ import torch
 
 from .cost import CURVE_SIZES, best_size, cost_by_size, forward_cost
 from .sampling import SamplingParams
-from .shapes import DynamicShape, Proposer, SizeFor, StaticShape, TreeShape, chain, is_chain, parse_shape
+from .shapes import DynamicShape, Proposer, SizeFor, StaticShape, TreeShape, chain, is_chain, is_fork, parse_shape
 
 
 def fit_tree(tree: TreeShape | str | None, proposer: Proposer) -> TreeShape:
@@ -120,6 +120,11 @@ class TreePolicy:
     def samples_chain(self, params: SamplingParams, shape: TreeShape) -> bool:
         """Whether this step's chain drafts are sampled (verified by speculative sampling)."""
         return not params.greedy and self.sampled_drafts and self.typical is None and is_chain(shape)
+
+    def samples_children(self, params: SamplingParams, shape: TreeShape) -> bool:
+        """Whether a ``fork-N`` draws its children above T=0 (verified by recursive rejection
+        sampling). Other trees keep their top-k drafts: their ranks are what ``tune`` measured."""
+        return not params.greedy and self.sampled_drafts and self.typical is None and is_fork(shape)
 
     # -- speculate or not, by batch size ------------------------------------------------------
     def speculate(self, batch_size: int, sampling: bool = False) -> bool:

@@ -1,6 +1,7 @@
-"""Exact sampling verification for trees of deterministic (top-k) drafts, and for chains whose
-drafts were *sampled* from the drafter (standard speculative sampling). The target's processed
-distribution (temperature, top-k, top-p) is ``headway.sampling``'s, re-exported here."""
+"""Exact sampling verification for trees of deterministic (top-k) drafts, drafts *sampled* from
+the drafter, or both (recursive rejection sampling), with a vectorised path for sampled chains.
+The target's processed distribution (temperature, top-k, top-p) is ``headway.sampling``'s,
+re-exported here."""
 
 from __future__ import annotations
 
@@ -19,31 +20,52 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def verify_sample(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tensor, u_accept: torch.Tensor,
-                  u_bonus: torch.Tensor, renormalise: bool = True) -> Verdict:
-    """Exact tree verification when the drafts are deterministic (each child a distinct top-k token).
+                  u_bonus: torch.Tensor, renormalise: bool = True,
+                  proposals: dict[int, torch.Tensor] | None = None) -> Verdict:
+    """Exact tree verification (recursive rejection sampling).
 
-    Walk from the root; at each node try its children in order: accept child c with the residual
-    target probability r(c); on rejection set r(c) = 0 and renormalise. When no child is accepted,
-    the bonus token is drawn from the residual. The emitted tokens then follow the target's
-    processed distribution exactly. ``u_accept`` (N,) holds one uniform per node (used when that
-    node is tried), ``u_bonus`` one for the final draw. ``renormalise=False`` exists only so tests
-    can show that a biased verifier is caught.
+    Walk from the root; at each node try its children in order against the residual target
+    distribution r (the target's there, less what earlier siblings took):
+
+    * a deterministic child c (a top-k draft) is accepted with probability r(c) / sum(r); on
+      rejection r(c) = 0;
+    * a child x drawn from a proposal q (``proposals[child]``, (V,) in target-vocab space) is
+      accepted with probability min(1, r~(x) / q(x)), r~ = r / sum(r); on rejection r = max(r~ - q, 0)
+      (speculative sampling, Leviathan et al. 2023, applied to the residual).
+
+    When no child is accepted, the bonus token is drawn from the residual. Each stage emits its
+    residual exactly, whatever the proposal (it may depend on the earlier siblings' tokens), so the
+    emitted tokens follow the target's processed distribution. ``u_accept`` (N,) holds one uniform
+    per node (used when that node is tried), ``u_bonus`` one for the final draw.
+    ``renormalise=False`` exists only so tests can show that a biased verifier is caught.
     """
     parents = buffers.parents.tolist()
     toks = tokens.tolist()
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents[1:], start=1):
         children.setdefault(p, []).append(i)
+    proposals = proposals or {}
     path, node = [0], 0
     while True:
         r = probs[node].clone()  # residual distribution at this node
         nxt = None
         for c in children.get(node, []):
-            if u_accept[c] * r.sum() < r[toks[c]]:  # accept with probability r(c) / sum(r)
+            q, x = proposals.get(c), toks[c]
+            if q is None:
+                if u_accept[c] * r.sum() < r[x]:  # accept with probability r(c) / sum(r)
+                    nxt = c
+                    break
+                if renormalise:
+                    r[x] = 0
+                continue
+            z = r.sum()
+            if u_accept[c] * q[x] * z < r[x]:  # accept with probability min(1, r(x) / (z q(x))); q(x) > 0
                 nxt = c
                 break
             if renormalise:
-                r[toks[c]] = 0
+                left = (r / z - q).clamp(min=0)
+                if left.sum() > 0:  # else r~ == q: a rejection had probability 0 (rounding), keep r
+                    r = left
         if nxt is None:
             return Verdict(torch.tensor(path, device=tokens.device), sample_from(r, u_bonus))
         path.append(nxt)

@@ -112,6 +112,9 @@ class DraftTree:
     tokens: torch.Tensor  # (N,) target token ids; tokens[0] is the root
     buffers: TreeBuffers
     draft_ids: torch.Tensor | None = None  # (N,) draft-vocab ids (root: -1), for sampling verification
+    # above T=0, the nodes drawn from the drafter's distribution: node -> (V,) target-vocab proposal it
+    # was drawn from (``build_static`` with ``sample``; ``sampling.verify_sample`` reads it)
+    proposals: dict[int, torch.Tensor] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +192,31 @@ def chain(depth: int) -> StaticShape:
     return StaticShape([(0,) * depth], name=f"chain-{depth}")  # the prefixes follow from the one path
 
 
+def fork(depth: int) -> StaticShape:
+    """``fork-N``: a chain with a second child beside every node, 2N + 1 nodes. At T=0 the two are
+    the drafter's top-2; above, both are drawn (``build_static`` with ``sample``): the chain's node
+    from the drafter's distribution q, as in a sampled chain, its sibling from q less that token,
+    tried against the residual when the first is rejected. Each depth then accepts what a sampled
+    chain's does and then some (SmolLM2, T=1: .38 -> ~.45 at depth 1), for N more verified tokens."""
+    if depth < 1:
+        raise TreeSpecError(f"fork-{depth}: a fork needs at least one draft (fork-N with N >= 1)")
+    check_tree_size(depth=depth, nodes=2 * depth + 1, what=f"fork-{depth}")
+    return StaticShape(_fork_paths(depth), name=f"fork-{depth}")
+
+
+def _fork_paths(depth: int) -> list[tuple[int, ...]]:
+    return [(0,) * (d - 1) + (r,) for d in range(1, depth + 1) for r in (0, 1)]
+
+
+def is_fork(shape: "TreeShape") -> bool:
+    """``fork-N`` however it was written or truncated (checked once per shape)."""
+    if not isinstance(shape, StaticShape):
+        return False
+    if "_is_fork" not in shape.__dict__:
+        shape.__dict__["_is_fork"] = shape.paths == _fork_paths(shape.depth)
+    return shape.__dict__["_is_fork"]
+
+
 def mc_sim_7b_63() -> StaticShape:
     return StaticShape(list(MC_SIM_7B_63), name="mc_sim_7b_63")
 
@@ -219,6 +247,8 @@ class _Level:
     ranks: torch.Tensor  # (n_d,)
     expand: torch.Tensor  # node ids at this depth that have children (they get expanded next)
     expand_parent_row: torch.Tensor  # row of each expanded node's parent in the previous expand call
+    # (parent row, its children's node ids in rank order) for drawing them above T=0 (plain ints: no syncs)
+    families: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 def _levels(shape: StaticShape, device: torch.device) -> list[_Level]:
@@ -233,28 +263,71 @@ def _levels(shape: StaticShape, device: torch.device) -> list[_Level]:
             nodes = (b.depth == d).nonzero().squeeze(1)
             row = torch.searchsorted(frontier, b.parents[nodes])
             expand = nodes[has_child[nodes]]
+            kids: dict[int, list[tuple[int, int]]] = {}  # parent row -> [(rank, node)]
+            for n, r in zip(nodes.tolist(), row.tolist()):
+                kids.setdefault(r, []).append((int(shape.ranks[n]), n))
+            families = tuple((r, tuple(n for _, n in sorted(ks))) for r, ks in kids.items())
             out.append(_Level(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in
                                 (nodes, int(shape.ranks[nodes].max()) + 1, row, shape.ranks[nodes], expand,
-                                 row[has_child[nodes]]))))
+                                 row[has_child[nodes]])), families=families))
             frontier = expand
         cached[device] = (out, b.to(device))
     return cached[device]
 
 
-def build_static(shape: StaticShape, proposer: Proposer, root_token: torch.Tensor) -> DraftTree:
-    """Fill the fixed shape level by level; only nodes with children are expanded."""
+SampleChild = Callable[[torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]
+
+
+def build_static(shape: StaticShape, proposer: Proposer, root_token: torch.Tensor,
+                 sample: SampleChild | None = None, target_vocab: int = 0) -> DraftTree:
+    """Fill the fixed shape level by level; only nodes with children are expanded.
+
+    ``sample(logprobs, earlier_ids) -> (q, draft_id) | None`` (above T=0, ``fork-N``): every child is
+    drawn instead of taking its rank, in rank order, each from q, the drafter's processed
+    distribution less its earlier siblings' tokens (None: no mass left, the best remaining rank is
+    taken); the tree's ``proposals`` keep each q in target-vocab space (``target_vocab`` tokens)
+    for ``verify_sample``."""
     levels, b = _levels(shape, root_token.device)
     draft = torch.full((shape.size,), -1, dtype=torch.long, device=root_token.device)
     logp = proposer.root_logprobs()[None]  # (1, V): the root's children distribution
+    drawn: dict[int, torch.Tensor] = {}
     for d, lv in enumerate(levels, start=1):
         top = logp.topk(lv.k, dim=-1).indices  # (n_parents, k)
         draft[lv.nodes] = top[lv.parent_row, lv.ranks]
+        if sample is not None:
+            draw_children(lv, logp, draft, drawn, sample)
         if d == len(levels):
             break
         logp = proposer.expand(lv.expand_parent_row, proposer.to_target_ids(draft[lv.expand]), d)
     tokens = proposer.to_target_ids(draft.clamp(min=0))
     tokens[0] = root_token
-    return DraftTree(tokens, b, draft)
+    return DraftTree(tokens, b, draft, to_target_proposals(proposer, drawn, target_vocab) if sample else None)
+
+
+def draw_children(lv: "_Level", logp: torch.Tensor, draft: torch.Tensor, drawn: dict[int, torch.Tensor],
+                  sample: SampleChild) -> None:
+    """Above T=0: draw this level's children in place of their ranks (``build_static``)."""
+    for row, nodes in lv.families:
+        for i, node in enumerate(nodes):
+            earlier = draft[list(nodes[:i])]
+            got = sample(logp[row], earlier)
+            if got is not None:
+                drawn[node], draft[node] = got
+            else:  # the earlier siblings hold all of q's mass: the best other token, deterministic
+                draft[node] = logp[row].index_fill(0, earlier, float("-inf")).argmax()
+
+
+def to_target_proposals(proposer: Any, drawn: dict[int, torch.Tensor], target_vocab: int) -> dict[int, torch.Tensor]:
+    """Draft-vocab proposals -> (target_vocab,) ones (zero outside the draft vocabulary)."""
+    if not drawn:
+        return {}
+    q0 = next(iter(drawn.values()))
+    ids = proposer.to_target_ids(torch.arange(q0.numel(), device=q0.device))
+    out = {}
+    for node, q in drawn.items():
+        out[node] = torch.zeros(target_vocab, device=q.device, dtype=q.dtype)
+        out[node][ids] = q
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,10 +477,11 @@ def build_sampled_chain(depth: int, proposer: Proposer, root_token: torch.Tensor
 
 
 def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor,
-               size_for: SizeFor | None = None) -> DraftTree:
-    """The shape's draft tree; ``size_for`` sizes an adaptive dynamic tree (ignored otherwise)."""
+               size_for: SizeFor | None = None, sample: SampleChild | None = None, target_vocab: int = 0) -> DraftTree:
+    """The shape's draft tree; ``size_for`` sizes an adaptive dynamic tree, ``sample`` draws a fork's
+    children (``build_static``); each is ignored by the other family."""
     if isinstance(shape, StaticShape):
-        return build_static(shape, proposer, root_token)
+        return build_static(shape, proposer, root_token, sample, target_vocab)
     return build_dynamic(shape, proposer, root_token, size_for if shape.adaptive else None)
 
 
@@ -439,7 +513,7 @@ def json_path(path: Sequence[Any]) -> str:
 
 
 def parse_shape(spec: str) -> TreeShape:
-    """``chain-4`` | ``chain`` (= chain-4) | ``mc_sim_7b_63`` | ``static:[[0],[0,0],[1]]`` | ``dynamic``
+    """``chain-4`` | ``chain`` (= chain-4) | ``fork-3`` | ``mc_sim_7b_63`` | ``static:[[0],[0,0],[1]]`` | ``dynamic``
     | ``dynamic-8-6-48`` (top_k, depth, total_tokens; leading ones may be given alone: ``dynamic-8``)
     | ``adaptive-8-6-48`` (the same drafting; each step verifies the best 1..48 tokens that pay off).
     Numbers are checked against the size limits (``check_tree_size``) before anything is built."""
@@ -454,6 +528,11 @@ def parse_shape(spec: str) -> TreeShape:
             if m is None:
                 raise ValueError("expected chain-N with a whole number N >= 1")
             return chain(int(m.group(1) or 4))
+        if spec.startswith("fork"):
+            m = re.fullmatch(r"fork-(-?\d+)", spec)
+            if m is None:
+                raise ValueError("expected fork-N with a whole number N >= 1")
+            return fork(int(m.group(1)))
         if spec == "mc_sim_7b_63":
             return mc_sim_7b_63()
         if spec.startswith("static:"):
@@ -474,5 +553,5 @@ def parse_shape(spec: str) -> TreeShape:
         raise  # already names the tree and the rule
     except (ValueError, TypeError) as e:
         raise TreeSpecError(f"cannot parse tree '{shown}': {e}") from None
-    raise TreeSpecError(f"unknown tree '{shown}'; use chain-N, mc_sim_7b_63, static:[[0],[0,0],...], "
+    raise TreeSpecError(f"unknown tree '{shown}'; use chain-N, fork-N, mc_sim_7b_63, static:[[0],[0,0],...], "
                         "dynamic[-TOPK-DEPTH-TOTAL] or adaptive[-TOPK-DEPTH-TOTAL]")

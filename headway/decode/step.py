@@ -168,8 +168,10 @@ def _flush(batch: Batch) -> None:
 
 def draft(rt: Runtime, policy: TreePolicy, batch: Batch) -> Drafts:
     """Every row's tree (rooted at its last emitted token): one drafter call per draft level for
-    all rows. Near the context's end a row's tree shrinks. At T > 0 with a chain shape the drafts
-    are sampled (each row with its parameters and generator; a greedy row takes the drafter's argmax)."""
+    all rows. Near the context's end a row's tree shrinks. Above T=0 (each row with its parameters
+    and generator) a chain's drafts are sampled, and a fork's children are drawn, each from the
+    drafter's distribution less its earlier siblings (``shapes.build_static``); a greedy row takes
+    the drafter's top ranks."""
     dev = rt.device
     roots = torch.tensor([r.emitted[-1] for r in batch.rows], device=dev)
     _flush(batch)
@@ -197,15 +199,34 @@ def draft(rt: Runtime, policy: TreePolicy, batch: Batch) -> Drafts:
             trees, probs = build_sampled_chains(depth, bp, roots, [sampler(r) for r in batch.rows], rt.vocab_size)
         draft_probs: list[torch.Tensor | None] = [p if s and not r.params.greedy else None
                                                   for p, s, r in zip(probs, sampled, batch.rows)]
-    elif single is not None:
+        bp.end_tree()
+        return Drafts(trees, shapes[0], draft_probs)
+    children = [child_sampler(r) if policy.samples_children(r.params, s) else None
+                for r, s in zip(batch.rows, shapes)]
+    if single is not None:
         shape = shapes[0]
         adaptive = isinstance(shape, DynamicShape) and shape.adaptive
         size_for = policy.size_for(rt, batch.step_cost, t_draft) if adaptive else None
-        trees, draft_probs = [build_tree(shape, single, roots[0], size_for)], [None]
+        trees = [build_tree(shape, single, roots[0], size_for, children[0], rt.vocab_size)]
     else:
-        trees, draft_probs = build_trees(shapes, bp, roots), [None] * len(batch.rows)
+        trees = build_trees(shapes, bp, roots, children if any(children) else (), rt.vocab_size)
     bp.end_tree()
-    return Drafts(trees, shapes[0], draft_probs)
+    return Drafts(trees, shapes[0], [None] * len(batch.rows))
+
+
+def child_sampler(r: Row) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
+    """Row r's draw of a fork's child: from the drafter's processed distribution less the earlier
+    siblings' draft ids (None when they hold all of its mass)."""
+    def sample(logp: torch.Tensor, earlier: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        q = processed_probs(logp, r.params)
+        if earlier.numel():
+            q = q.index_fill(0, earlier, 0.0)
+            z = q.sum()
+            if not z > 0:
+                return None
+            q = q / z
+        return q, sample_from(q, torch.rand((), generator=r.gen).to(q.device))
+    return sample
 
 
 # -- verify -------------------------------------------------------------------------------------
@@ -249,13 +270,13 @@ def verify_row(tree: DraftTree, logits: NodeLogits | torch.Tensor, params: Sampl
     if params.greedy:
         return verify_greedy_walk(tokens, b, logits) if logits.lazy else verify_greedy(tokens, b, logits.all())
     u = torch.rand(b.size + 1, generator=gen).to(tokens.device)
-    if draft_probs is not None:
+    if draft_probs is not None:  # a sampled chain: one vectorised test
         return verify_sampled_chain(tokens, processed_probs(logits.all(), params), draft_probs, u[:-1], u[-1])
     if typical is not None:
         return verify_typical(tokens, b, processed_probs(logits.all(), params), *typical, u[-1])
     probs: Any = NodeProbs(logits, lambda x: processed_probs(x, params)) if logits.lazy else \
         processed_probs(logits.all(), params)
-    return verify_sample(tokens, b, probs, u[:-1], u[-1])
+    return verify_sample(tokens, b, probs, u[:-1], u[-1], proposals=tree.proposals)
 
 
 def accept(policy: TreePolicy, batch: Batch, scored: Scored) -> list[Verdict]:
