@@ -166,6 +166,12 @@ def tv_bound(probs, n):
     return mean + 0.01
 
 
+def assert_follows(counts, probs, n):
+    """``n`` sampled sequences pass the chi-square test and stay under the total-variation bound."""
+    assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
+    assert total_variation(counts, probs, n) < tv_bound(probs, n)
+
+
 def seed_of(*parts) -> int:
     # str hashes change per process (PYTHONHASHSEED); a checksum keeps each case's draws fixed
     return zlib.crc32("/".join(parts).encode()) % 1000
@@ -304,8 +310,9 @@ def test_sampled_drafts_accept_sum_of_min_p_q():
 
 
 @torch.no_grad()
-def sampled_chain_samples(spec, params, n, seed, verifier=verify_sampled_chain):
-    """Like ``speculative_samples``, but every sample drafts anew (drafts are random)."""
+def fresh_draft_samples(spec, params, n, seed, verify):
+    """Like ``speculative_samples``, but every sample drafts anew (drafts are random);
+    ``verify(scored, u) -> Verdict``."""
     gen = torch.Generator().manual_seed(seed)
     first_state = first_token_states(spec, params, gen)
     states, counts = {}, {}
@@ -314,10 +321,7 @@ def sampled_chain_samples(spec, params, n, seed, verifier=verify_sampled_chain):
         while len(prefix) < N_TOKENS:
             st = spec.fork(states[prefix])
             scored = spec.draft_and_score(st, params, gen)
-            assert scored.draft_probs is not None
-            u = torch.rand(scored.tree.buffers.size + 1, generator=gen)
-            verdict = verifier(scored.tree.tokens, processed_probs(scored.logits, params), scored.draft_probs,
-                               u[:-1], u[-1])
+            verdict = verify(scored, torch.rand(scored.tree.buffers.size + 1, generator=gen))
             new = scored.tree.tokens[verdict.nodes[1:]].tolist() + [int(verdict.bonus)]
             nxt = prefix + tuple(new)
             if len(nxt) < N_TOKENS and nxt not in states:
@@ -327,6 +331,13 @@ def sampled_chain_samples(spec, params, n, seed, verifier=verify_sampled_chain):
         key = prefix[:N_TOKENS]
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def sampled_chain_samples(spec, params, n, seed, verifier=verify_sampled_chain):
+    def verify(scored, u):
+        assert scored.draft_probs is not None
+        return verifier(scored.tree.tokens, processed_probs(scored.logits, params), scored.draft_probs, u[:-1], u[-1])
+    return fresh_draft_samples(spec, params, n, seed, verify)
 
 
 def smoothed_heads(kind, model):
@@ -349,9 +360,7 @@ def test_sampled_chain_drafts_match_target(target, kind):
     n = N_CHAIN  # every sample drafts anew, so fewer than the memoised tests above
     seed = {"medusa": 12, "eagle1": 13, "eagle3": 14, "medusa-vocab": 15, "eagle1-vocab": 16, "dflash": 17,
             "dflash-vocab": 18, "dflash-correction": 19}[kind]
-    counts = sampled_chain_samples(spec, params, n, seed=seed)
-    assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
-    assert total_variation(counts, probs, n) < tv_bound(probs, n)
+    assert_follows(sampled_chain_samples(spec, params, n, seed=seed), probs, n)
 
 
 def test_sampled_chain_drafts_biased_verifier_is_caught(target):
@@ -446,31 +455,14 @@ def test_two_children_emit_the_target_and_accept_more_than_one_sampled_draft(fir
     assert chi_square_pvalue({(i,): int(biased[i]) for i in range(6)}, probs, n) < 1e-6
 
 
-@torch.no_grad()
 def fork_samples(spec, params, n, seed, renormalise=True):
-    """Like ``sampled_chain_samples``, for a static tree whose last children are drawn."""
-    gen = torch.Generator().manual_seed(seed)
-    first_state = first_token_states(spec, params, gen)
-    states, counts = {}, {}
-    for _ in range(n):
-        prefix = first_state(states)
-        while len(prefix) < N_TOKENS:
-            st = spec.fork(states[prefix])
-            scored = spec.draft_and_score(st, params, gen)
-            tree = scored.tree
-            assert scored.draft_probs is None and tree.proposals
-            u = torch.rand(tree.buffers.size + 1, generator=gen)
-            verdict = verify_sample(tree.tokens, tree.buffers, processed_probs(scored.logits, params), u[:-1], u[-1],
-                                    renormalise=renormalise, proposals=tree.proposals)
-            new = tree.tokens[verdict.nodes[1:]].tolist() + [int(verdict.bonus)]
-            nxt = prefix + tuple(new)
-            if len(nxt) < N_TOKENS and nxt not in states:
-                spec.commit(st, scored, verdict)
-                states[nxt] = st
-            prefix = nxt
-        key = prefix[:N_TOKENS]
-        counts[key] = counts.get(key, 0) + 1
-    return counts
+    """``sampled_chain_samples`` for a fork, whose children are drawn (``tree.proposals``)."""
+    def verify(scored, u):
+        tree = scored.tree
+        assert scored.draft_probs is None and tree.proposals
+        return verify_sample(tree.tokens, tree.buffers, processed_probs(scored.logits, params), u[:-1], u[-1],
+                             renormalise=renormalise, proposals=tree.proposals)
+    return fresh_draft_samples(spec, params, n, seed, verify)
 
 
 @pytest.mark.parametrize("kind,shape", [("eagle3", "fork-2"), ("medusa-vocab", "fork-2"),
@@ -478,11 +470,8 @@ def fork_samples(spec, params, n, seed, renormalise=True):
 def test_drawn_children_match_target(target, kind, shape):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree=shape)
-    probs = exact_distribution(target, params)
-    n = N_CHAIN
-    counts = fork_samples(spec, params, n, seed=seed_of(kind, shape))
-    assert chi_square_pvalue(counts, probs, n) > 1e-3, total_variation(counts, probs, n)
-    assert total_variation(counts, probs, n) < tv_bound(probs, n)
+    assert_follows(fork_samples(spec, params, N_CHAIN, seed=seed_of(kind, shape)),
+                   exact_distribution(target, params), N_CHAIN)
 
 
 def test_drawn_children_biased_verifier_is_caught(target):
