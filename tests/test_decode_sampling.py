@@ -499,6 +499,11 @@ def test_drawn_children_only_above_temperature_and_never_a_sibling(target):
         assert float(tree.proposals[2][tok[1]]) == 0 and float(tree.proposals[4][tok[3]]) == 0  # less the first
         seen.add(tok[1])
     assert len(seen) > 1  # drawn, not ranked
+    # top_k=1 leaves the drafter's q one token: the sibling has no mass to draw from and takes the
+    # best other token, deterministically (no proposal), never its sibling's
+    tree = spec.draft_and_score(spec.fork(st), SamplingParams(1.0, top_k=1), gen).tree
+    tok = tree.tokens.tolist()
+    assert sorted(tree.proposals) == [1, 3] and tok[2] != tok[1] and tok[4] != tok[3]
     chained = Speculator(target, tiny_tokenizer(), heads_for("eagle1", target), tree="static:[[0],[1],[0,0]]")
     st = chained.start(torch.tensor([PROMPT]), SamplingParams(1.0), torch.Generator())
     assert chained.draft_and_score(chained.fork(st), SamplingParams(1.0), gen).tree.proposals is None  # not a fork

@@ -30,7 +30,7 @@ from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
 from ..decode.cost import forward_cost, interpolate
 from ..decode.sampling import SamplingParams
 from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, fork, from_accuracies,
-                             is_top1_chain, mc_sim_7b_63)
+                             is_fork, is_top1_chain, mc_sim_7b_63)
 from ..decode.speculator import Speculator
 from ..decode.step import verify_row
 
@@ -41,7 +41,7 @@ def shape_spec(shape: TreeShape) -> str:
         return shape.spec
     if is_top1_chain(shape):
         return f"chain-{shape.depth}"
-    if shape.paths == fork(shape.depth).paths:
+    if is_fork(shape):
         return f"fork-{shape.depth}"
     return "static:" + json.dumps([list(p) for p in shape.paths], separators=(",", ":"))
 

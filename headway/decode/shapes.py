@@ -275,18 +275,19 @@ def _levels(shape: StaticShape, device: torch.device) -> list[_Level]:
     return cached[device]
 
 
-SampleChild = Callable[[torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor] | None"]
+# sample(logprobs, k) -> k draws [(q, draft_id)], each from the processed draft distribution less the
+# earlier draws (q None: they held all of its mass, draft_id the best other token); ``child_sampler``
+SampleChild = Callable[[torch.Tensor, int], "list[tuple[torch.Tensor | None, torch.Tensor]]"]
 
 
 def build_static(shape: StaticShape, proposer: Proposer, root_token: torch.Tensor,
                  sample: SampleChild | None = None, target_vocab: int = 0) -> DraftTree:
     """Fill the fixed shape level by level; only nodes with children are expanded.
 
-    ``sample(logprobs, earlier_ids) -> (q, draft_id) | None`` (above T=0, ``fork-N``): every child is
-    drawn instead of taking its rank, in rank order, each from q, the drafter's processed
-    distribution less its earlier siblings' tokens (None: no mass left, the best remaining rank is
-    taken); the tree's ``proposals`` keep each q in target-vocab space (``target_vocab`` tokens)
-    for ``verify_sample``."""
+    ``sample`` (above T=0, ``fork-N``): every child is drawn instead of taking its rank, in rank
+    order, each from the drafter's processed distribution less its earlier siblings' tokens
+    (``SampleChild``); the tree's ``proposals`` keep each draw's q in target-vocab space
+    (``target_vocab`` tokens) for ``verify_sample``."""
     levels, b = _levels(shape, root_token.device)
     draft = torch.full((shape.size,), -1, dtype=torch.long, device=root_token.device)
     logp = proposer.root_logprobs()[None]  # (1, V): the root's children distribution
@@ -308,13 +309,10 @@ def draw_children(lv: "_Level", logp: torch.Tensor, draft: torch.Tensor, drawn: 
                   sample: SampleChild) -> None:
     """Above T=0: draw this level's children in place of their ranks (``build_static``)."""
     for row, nodes in lv.families:
-        for i, node in enumerate(nodes):
-            earlier = draft[list(nodes[:i])]
-            got = sample(logp[row], earlier)
-            if got is not None:
-                drawn[node], draft[node] = got
-            else:  # the earlier siblings hold all of q's mass: the best other token, deterministic
-                draft[node] = logp[row].index_fill(0, earlier, float("-inf")).argmax()
+        for node, (q, x) in zip(nodes, sample(logp[row], len(nodes))):
+            draft[node] = x
+            if q is not None:
+                drawn[node] = q
 
 
 def to_target_proposals(proposer: Any, drawn: dict[int, torch.Tensor], target_vocab: int) -> dict[int, torch.Tensor]:

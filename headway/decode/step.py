@@ -35,7 +35,7 @@ from .policy import TreePolicy
 from .runtime import Runtime
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
                        verify_typical)
-from .shapes import DraftTree, DynamicShape, TreeShape, build_sampled_chain, build_tree, is_chain
+from .shapes import DraftTree, DynamicShape, SampleChild, TreeShape, build_sampled_chain, build_tree, is_chain
 from .stats import GenerationStats, _record_depths, _sync
 from .verify import Verdict, verify_greedy, verify_greedy_walk
 
@@ -214,18 +214,25 @@ def draft(rt: Runtime, policy: TreePolicy, batch: Batch) -> Drafts:
     return Drafts(trees, shapes[0], [None] * len(batch.rows))
 
 
-def child_sampler(r: Row) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]:
-    """Row r's draw of a fork's child: from the drafter's processed distribution less the earlier
-    siblings' draft ids (None when they hold all of its mass)."""
-    def sample(logp: torch.Tensor, earlier: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def child_sampler(r: Row) -> SampleChild:
+    """Row r's draws of a fork's k children: each from the drafter's processed distribution less the
+    earlier draws (``shapes.SampleChild``), the distribution processed once for all k."""
+    def sample(logp: torch.Tensor, k: int) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
         q = processed_probs(logp, r.params)
-        if earlier.numel():
-            q = q.index_fill(0, earlier, 0.0)
-            z = q.sum()
-            if not z > 0:
-                return None
-            q = q / z
-        return q, sample_from(q, torch.rand((), generator=r.gen).to(q.device))
+        draws: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+        taken: list[torch.Tensor] = []
+        for i in range(k):
+            if i:
+                q = q.index_fill(0, taken[-1].view(1), 0.0)
+                z = q.sum()
+                if not z > 0:  # the earlier draws held all of q's mass: the best other token, deterministic
+                    taken.append(logp.index_fill(0, torch.stack(taken), float("-inf")).argmax())
+                    draws.append((None, taken[-1]))
+                    continue
+                q = q / z
+            taken.append(sample_from(q, torch.rand((), generator=r.gen).to(q.device)))
+            draws.append((q, taken[-1]))
+        return draws
     return sample
 
 
