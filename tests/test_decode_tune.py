@@ -92,6 +92,9 @@ def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir, caps
     # one prompt: the tuned tree against plain decoding; two: the short chains too
     assert sorted(side[1]["greedy"]["candidates"]) == sorted(["plain", report["chosen"]])
     assert {"plain", "chain-1", "chain-2"} <= set(side[2]["greedy"]["candidates"])
+    # sampled batches try the short forks too (a drawn sibling pays above T=0); greedy ones do not
+    assert {"plain", "chain-1", "chain-2", "fork-1", "fork-2"} <= set(side[2]["sampling"]["candidates"])
+    assert not any(c.startswith("fork-") for c in side[2]["greedy"]["candidates"])
     decode = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
     for key, mode in (("by_batch", "greedy"), ("by_batch_sampling", "sampling")):
         [tree] = set(side[1][mode]["candidates"]) - {"plain"}  # the tuned tree, by the name tune gave it
