@@ -119,12 +119,16 @@ class TreePolicy:
 
     def samples_chain(self, params: SamplingParams, shape: TreeShape) -> bool:
         """Whether this step's chain drafts are sampled (verified by speculative sampling)."""
-        return not params.greedy and self.sampled_drafts and self.typical is None and is_chain(shape)
+        return self._draws(params) and is_chain(shape)
 
     def samples_children(self, params: SamplingParams, shape: TreeShape) -> bool:
         """Whether a ``fork-N`` draws its children above T=0 (verified by recursive rejection
         sampling). Other trees keep their top-k drafts: their ranks are what ``tune`` measured."""
-        return not params.greedy and self.sampled_drafts and self.typical is None and is_fork(shape)
+        return self._draws(params) and is_fork(shape)
+
+    def _draws(self, params: SamplingParams) -> bool:
+        """Drafts may be drawn from the drafter: a sampled row, drawing on, exact (not typical) acceptance."""
+        return not params.greedy and self.sampled_drafts and self.typical is None
 
     # -- speculate or not, by batch size ------------------------------------------------------
     def speculate(self, batch_size: int, sampling: bool = False) -> bool:

@@ -319,13 +319,10 @@ def to_target_proposals(proposer: Any, drawn: dict[int, torch.Tensor], target_vo
     """Draft-vocab proposals -> (target_vocab,) ones (zero outside the draft vocabulary)."""
     if not drawn:
         return {}
-    q0 = next(iter(drawn.values()))
-    ids = proposer.to_target_ids(torch.arange(q0.numel(), device=q0.device))
-    out = {}
-    for node, q in drawn.items():
-        out[node] = torch.zeros(target_vocab, device=q.device, dtype=q.dtype)
-        out[node][ids] = q
-    return out
+    q = torch.stack(list(drawn.values()))  # (n, Vd)
+    out = q.new_zeros(q.shape[0], target_vocab)
+    out[:, proposer.to_target_ids(torch.arange(q.shape[1], device=q.device))] = q
+    return dict(zip(drawn, out))
 
 
 # ---------------------------------------------------------------------------------------------
