@@ -185,13 +185,13 @@ def probe_plan(linears: Sequence[nn.Linear], reps: int = 2, margin: float = 0.05
     power of two where that is ``margin`` faster than n columns (only that width: a noisy probe of
     many widths would pick far ones). A bucket runs the faster of weight-major and native where
     that is ``margin`` faster than stock at its bound. Native is timed where it builds here and the
-    weights are float32 (``with_native`` forces either way). 23 x reps passes over the weights
+    weights are float32 or bfloat16 (``with_native`` forces either way). 23 x reps passes over the weights
     of 1-64 rows (~7 s for a 135M model on 2 cores), 10 x reps more with native."""
     cpu = [m for m in linears if m.weight.device.type == "cpu"]
     if not cpu:
         return LinearPlan()
     if with_native is None:
-        with_native = (all(m.weight.dtype == torch.float32 and m.weight.is_contiguous() for m in cpu)
+        with_native = (all(m.weight.dtype in (torch.float32, torch.bfloat16) and m.weight.is_contiguous() for m in cpu)
                        and native.native_kernel()[0])
     _time(cpu, 2, STOCK)  # warm-up: pages, kernel selection
     _time(cpu, 2, WEIGHT_MAJOR)

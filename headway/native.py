@@ -18,7 +18,9 @@ and 2 threads; AVX2 builds keep the streamed blocks up to 8 rows.
 It is compiled with ``torch.utils.cpp_extension`` (a C++ compiler and ninja; ~30 s of CPU once,
 cached by torch under ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``). Where it cannot
 be built (no compiler, MSVC), ``native_kernel()`` says why and ``--linear-kernel auto`` goes on
-without it; ``HEADWAY_NATIVE_KERNEL=0`` skips it. Float32 only: other dtypes run stock.
+without it; ``HEADWAY_NATIVE_KERNEL=0`` skips it. Float32, and bfloat16 weights (widened to float32 as
+they are read, the product in float32, the result rounded to bfloat16): a bfloat16 drafter reads half
+the bytes of a float32 one beside a float32 target. Other dtypes run stock.
 """
 
 from __future__ import annotations
@@ -147,8 +149,8 @@ def require_native() -> None:
 
 
 def native_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through the native kernel (float32 CPU tensors, contiguous weight;
-    no autograd). Equal to F.linear's result to float rounding."""
+    """``F.linear(x, weight, bias)`` through the native kernel (float32 or bfloat16 CPU tensors, contiguous
+    weight; no autograd). Equal to F.linear's result to float rounding."""
     module, why = _build()
     if module is None:
         raise NativeKernelError(f"the native linear kernel is not available: {why}")
@@ -166,6 +168,7 @@ def parallel_width(tasks: int = 64) -> int:
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this product can run native: float32 CPU tensors, a contiguous weight, no gradient."""
-    return (x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu" and weight.is_contiguous()
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+    """Whether this product can run native: float32 or bfloat16 CPU tensors of one dtype, a contiguous
+    weight, no gradient."""
+    return (x.dtype == weight.dtype and x.dtype in (torch.float32, torch.bfloat16) and x.device.type == "cpu"
+            and weight.is_contiguous() and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))

@@ -11,7 +11,7 @@ from transformers import DynamicCache, StaticCache
 from headway.compat import cache_kwarg
 from headway.decode import Speculator
 from headway.decode.args import DecodeError
-from headway.decode.kv import keep_accepted, new_cache, static_length, tree_mask
+from headway.decode.kv import in_place, keep_accepted, new_cache, static_length, tree_mask
 from headway.decode.proposers import make_proposer
 from headway.decode.tree import additive_mask
 from headway.target import DecodeTargetArgs, TargetError, load_dtype, load_target, parse_device_map
@@ -129,6 +129,21 @@ def test_keep_accepted_is_the_same_on_static_and_dynamic_caches(models):
         assert int(c.get_seq_length()) == 7
     for a, b in zip(caches[0].layers, caches[1].layers):
         assert torch.equal(a.keys, b.keys[..., :7, :]) and torch.equal(a.values, b.values[..., :7, :])
+
+
+def test_keep_accepted_moves_only_paths_off_the_first_slots(models):
+    model, _ = models["llama"]
+    assert in_place(torch.tensor([0])) and in_place(torch.tensor([0, 1, 2]))
+    assert not in_place(torch.tensor([0, 2])) and not in_place(torch.tensor([0, 1, 3]))
+    ids = torch.randint(3, 300, (1, 9))
+    for nodes in ([0, 1], [0, 3]):
+        c = new_cache(model.config)
+        model(input_ids=ids, **{cache_kwarg(): c}, use_cache=True)  # 5 prefix + 4 "tree" entries
+        before = [(layer.keys.clone(), layer.values.clone()) for layer in c.layers]
+        keep_accepted(c, 5, 4, torch.tensor(nodes))
+        src = torch.tensor([0, 1, 2, 3, 4] + [5 + n for n in nodes])
+        for layer, (k, v) in zip(c.layers, before):
+            assert torch.equal(layer.keys, k[..., src, :]) and torch.equal(layer.values, v[..., src, :])
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])

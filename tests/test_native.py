@@ -79,10 +79,27 @@ def test_native_with_bias_and_batch_dims(built, shape):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_fits_only_float32_cpu_contiguous_without_grad():
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 9, 17])
+@pytest.mark.parametrize("dims", [(576, 40), (37, 33), (96, 70)])
+def test_native_with_bfloat16_weights_equals_f_linear_in_float32(built, rows, dims):
+    """A bf16 weight is widened as it is read: the product is F.linear's over the same (exactly
+    representable) values in float32, rounded to the input's dtype."""
+    torch.manual_seed(rows)
+    k, o = dims
+    x, w, b = torch.randn(rows, k).bfloat16(), torch.randn(o, k).bfloat16(), torch.randn(o).bfloat16()
+    want = F.linear(x.float(), w.float())
+    torch.testing.assert_close(native._build()[0].fewrow(x.float(), w), want, rtol=1e-4, atol=1e-4)  # float32 x
+    got = native.native_linear(x, w, b)  # bf16 x: computed in float32, rounded once, then the bias
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, o)
+    torch.testing.assert_close(got.float(), want + b.float(), rtol=2e-2, atol=5e-2)  # two bf16 roundings
+
+
+def test_fits_float32_or_bfloat16_cpu_contiguous_without_grad():
     x, w = torch.randn(2, 8), torch.randn(4, 8)
     assert native.fits(x, w)
-    assert not native.fits(x.bfloat16(), w.bfloat16())
+    assert native.fits(x.bfloat16(), w.bfloat16())
+    assert not native.fits(x.half(), w.half())
+    assert not native.fits(x, w.bfloat16())  # mixed dtypes: F.linear would refuse them too
     assert not native.fits(x, torch.randn(8, 4).t())  # a transposed view: not contiguous
     assert not native.fits(x, w.requires_grad_())  # training: no backward here
     with torch.no_grad():
@@ -104,13 +121,16 @@ def test_plan_runs_native_where_it_says_and_stock_where_it_does_not_fit(built, m
         assert calls == [5, 5]  # 5 rows: native (both linears); 1: stock, 3: weight-major
         model.bfloat16()
         model(x[:, :5].bfloat16())
-        assert calls == [5, 5]  # bf16 weights run stock
+        assert calls == [5, 5, 5, 5]  # bf16 weights run native too
+        model.half()
+        model(x[:, :5].half())
+        assert calls == [5, 5, 5, 5]  # fp16 weights run stock
 
 
 def test_probe_picks_native_where_it_is_fastest(monkeypatch):
     """Fake clock: native wins at 1, 4, 8, 12, 24 and 32 rows; weight-major at 2; stock at 16, 48 and
-    64 (native within the margin). Without native (a bf16 target, or no build) the same clock gives
-    weight-major or stock."""
+    64 (native within the margin); the same for bf16 weights. Without native (an fp16 target, or no
+    build) the same clock gives weight-major or stock."""
     cost = {"stock": {1: 1.0, 2: 2.0, 4: 2.0, 8: 2.0, 12: 3.0, 16: 4.0, 24: 6.0, 32: 8.0, 48: 12.0, 64: 16.0},
             "weight-major": {2: 0.9, 3: 1.5, 4: 1.5, 5: 2.0, 6: 2.0, 7: 2.0, 8: 1.5, 12: 3.0, 16: 4.0, 24: 6.0,
                              32: 8.0, 48: 12.0, 64: 16.0},
@@ -125,9 +145,10 @@ def test_probe_picks_native_where_it_is_fastest(monkeypatch):
     assert len(timed) == 3 + 2 * (23 + 10)  # warm-ups, then 10 stock, 13 weight-major and 10 native passes, twice
     assert probe_plan([nn.Linear(4, 4)], with_native=False).kernels == \
         ("weight-major",) * 4 + ("stock",) * 6  # 1 row runs as 2 columns
-    monkeypatch.setattr(native, "native_kernel", lambda: pytest.fail("a bf16 model must not build or time it"))
-    bf16 = nn.Linear(4, 4).bfloat16()
-    assert "native" not in probe_plan([bf16]).kernels
+    monkeypatch.setattr(native, "native_kernel", lambda: (True, ""))
+    assert probe_plan([nn.Linear(4, 4).bfloat16()]).kernels == plan.kernels  # bf16 weights: native timed too
+    monkeypatch.setattr(native, "native_kernel", lambda: pytest.fail("an fp16 model must not build or time it"))
+    assert "native" not in probe_plan([nn.Linear(4, 4).half()]).kernels
 
 
 def test_native_by_name_is_refused_where_it_cannot_be_built(monkeypatch):

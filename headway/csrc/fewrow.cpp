@@ -1,5 +1,6 @@
 // headway's native few-row linear: out = x @ w.T for x of a few rows (register tiles; 1-8 rows streamed
-// instead in builds without AVX-512), float32.
+// instead in builds without AVX-512), float32; bfloat16 weights too (widened to float32 as they are
+// loaded, always through the tiles): half the bytes to read, which is what bounds a few-row product.
 //
 // Decoding multiplies a handful of rows by every weight matrix, so up to ~8 rows the product is bound
 // by reading the weights. There this kernel reads each weight once whatever the row count: a block of
@@ -103,6 +104,28 @@ typedef float wide __attribute__((vector_size(kWide * sizeof(float)), aligned(4)
 
 inline wide load_wide(const float* p) { return *reinterpret_cast<const wide*>(p); }
 
+// bfloat16 is the high half of a float32: widen by shifting the 16 bits up
+inline float to_float(float v) { return v; }
+inline float to_float(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline wide load_wide(const uint16_t* p) {
+#if defined(__AVX512F__)
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return (wide)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#elif defined(__AVX2__)
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return (wide)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
+  wide v;
+  for (int i = 0; i < kWide; ++i) v[i] = to_float(p[i]);
+  return v;
+#endif
+}
+
 // the lanes' sum, in registers (a lane-by-lane sum, or one through memory, costs about what the FMAs of
 // a 576-long dot product do)
 #if defined(__AVX512F__)
@@ -123,12 +146,12 @@ inline float sum_wide(wide v) {
 
 // out[j * O + o] = dot(x[j], w[o]) for o in [o0, o0 + R), j < N; Fetch: prefetch the weights ahead
 // (the first chunk of x to pass a block of weight rows reads them from memory, the others from L2)
-template <int N, int R, bool Fetch>
-inline void tile(const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0) {
+template <int N, int R, bool Fetch, typename W>
+inline void tile(const float* x, const W* w, float* out, int64_t K, int64_t O, int64_t o0) {
   wide acc[R][N];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < N; ++j) acc[r][j] = wide{};
-  const float* wr = w + o0 * K;
+  const W* wr = w + o0 * K;
   int64_t k = 0;
   for (; k + kWide <= K; k += kWide) {
     if (Fetch)
@@ -143,23 +166,23 @@ inline void tile(const float* x, const float* w, float* out, int64_t K, int64_t 
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < N; ++j) {
       float s = sum_wide(acc[r][j]);
-      for (int64_t t = k; t < K; ++t) s += wr[r * K + t] * x[j * K + t];
+      for (int64_t t = k; t < K; ++t) s += to_float(wr[r * K + t]) * x[j * K + t];
       out[j * O + o0 + r] = s;
     }
 }
 
 // N rows of x against the weight rows [o0, o1), kTileW at a time (fewer past kTileX rows: as many
 // accumulators as a kTileW x kTileX tile)
-template <int N, bool Fetch>
-void tile_span(const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+template <int N, bool Fetch, typename W>
+void tile_span(const float* x, const W* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
   constexpr int R = N <= kTileX ? kTileW : std::max(1, kTileW * kTileX / N);
   int64_t o = o0;
   for (; o + R <= o1; o += R) tile<N, R, Fetch>(x, w, out, K, O, o);
   for (; o < o1; ++o) tile<N, 1, Fetch>(x, w, out, K, O, o);
 }
 
-template <bool Fetch>
-void tile_rows(int m, const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+template <bool Fetch, typename W>
+void tile_rows(int m, const float* x, const W* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
   switch (m) {
     case 1: tile_span<1, Fetch>(x, w, out, K, O, o0, o1); break;
     case 2: tile_span<2, Fetch>(x, w, out, K, O, o0, o1); break;
@@ -172,7 +195,8 @@ void tile_rows(int m, const float* x, const float* w, float* out, int64_t K, int
 static_assert(kTileX == 6, "tile_rows() covers 1 to kTileX rows");
 
 // 1-8 rows of x, all in one tile's pass, against the weight rows [o0, o1)
-void few_tiles(int n, const float* x, const float* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+template <typename W>
+void few_tiles(int n, const float* x, const W* w, float* out, int64_t K, int64_t O, int64_t o0, int64_t o1) {
   switch (n) {
     case 7: tile_span<7, true>(x, w, out, K, O, o0, o1); break;
     case 8: tile_span<8, true>(x, w, out, K, O, o0, o1); break;
@@ -191,7 +215,8 @@ constexpr bool kFewTiles = false;
 
 // all n rows of x against the weight rows [o0, o1) (kManyGrain of them fit in L2), kTileX rows at a time:
 // a chunk of x stays in L1 while the weight rows stream past it
-void many(const float* x, const float* w, float* out, int64_t n, int64_t K, int64_t O, int64_t o0, int64_t o1) {
+template <typename W>
+void many(const float* x, const W* w, float* out, int64_t n, int64_t K, int64_t O, int64_t o0, int64_t o1) {
   for (int64_t j = 0; j < n; j += kTileX) {
     const int m = static_cast<int>(std::min<int64_t>(kTileX, n - j));
     if (j == 0)
@@ -201,31 +226,46 @@ void many(const float* x, const float* w, float* out, int64_t n, int64_t K, int6
   }
 }
 
+// all n rows of x against all O weight rows in tiles, over parallel tasks of kManyGrain weight rows
+template <typename W>
+void tiled(const float* xp, const W* wp, float* op, int64_t n, int64_t K, int64_t O) {
+  at::parallel_for(0, (O + kManyGrain - 1) / kManyGrain, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t o0 = b * kManyGrain, o1 = std::min(O, (b + 1) * kManyGrain);
+      if (n > kManyRows)
+        many(xp, wp, op, n, K, O, o0, o1);
+      else
+        few_tiles(static_cast<int>(n), xp, wp, op, K, O, o0, o1);
+    }
+  });
+}
+
 }  // namespace
 
-// x: (n, in) float32, w: (out, in) float32 -> (n, out); register tiles past 8 rows, and at 1-8 with AVX-512
+// x: (n, in), w: (out, in) -> (n, out) in x's dtype. float32 weights: register tiles past 8 rows, and
+// at 1-8 with AVX-512. bfloat16 weights (x float32 or bfloat16, computed in float32): tiles at every count.
 torch::Tensor fewrow(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "fewrow: x (n, in) and w (out, in)");
-  TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, "fewrow: float32 only");
+  const bool half = w.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(half ? (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16)
+                   : (x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat),
+              "fewrow: float32 x and weight, or a bfloat16 weight");
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "fewrow: CPU tensors only");
   TORCH_CHECK(w.is_contiguous(), "fewrow: the weight must be contiguous");
-  x = x.contiguous();
+  const auto dtype = x.scalar_type();
+  x = x.to(at::kFloat).contiguous();
   const int64_t n = x.size(0), K = x.size(1), O = w.size(0);
   auto out = torch::empty({n, O}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  if (n == 0) return out;
-  if (n > kManyRows || kFewTiles) {  // over tasks of kManyGrain weight rows
-    at::parallel_for(0, (O + kManyGrain - 1) / kManyGrain, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        const int64_t o0 = b * kManyGrain, o1 = std::min(O, (b + 1) * kManyGrain);
-        if (n > kManyRows)
-          many(xp, wp, op, n, K, O, o0, o1);
-        else
-          few_tiles(static_cast<int>(n), xp, wp, op, K, O, o0, o1);
-      }
-    });
+  if (n == 0) return out.to(dtype);
+  if (half) {
+    tiled(xp, reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), op, n, K, O);
+    return out.to(dtype);
+  }
+  const float* wp = w.data_ptr<float>();
+  if (n > kManyRows || kFewTiles) {
+    tiled(xp, wp, op, n, K, O);
     return out;
   }
   at::parallel_for(0, (O + kGrain - 1) / kGrain, 1, [&](int64_t b0, int64_t b1) {

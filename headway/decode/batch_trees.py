@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from .batch_proposers import BatchProposer
-from .shapes import (DraftTree, DynamicShape, SampleChild, StaticShape, TreeShape, _levels, calibrated, chain,
+from .shapes import (DraftTree, DynamicShape, SampleChild, StaticShape, TreeShape, _levels, calibrated, chain_buffers,
                      depth_temperature, draw_children, select_tree, to_target_proposals)
 
 
@@ -119,5 +119,5 @@ def build_sampled_chains(depth: int, bp: BatchProposer, roots: torch.Tensor, sam
                              bp.to_target_ids(draft[:, d:d + 1]), d)[:, 0]
     tokens = bp.to_target_ids(draft.clamp(min=0))
     tokens[:, 0] = roots
-    buffers = chain(depth).buffers.to(dev)
+    buffers = chain_buffers(depth, dev)
     return [DraftTree(tokens[b], buffers, draft[b]) for b in range(B)], list(q_all)

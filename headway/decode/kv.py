@@ -87,11 +87,17 @@ def tree_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype, kv_len
     return out[None, None]
 
 
+def in_place(nodes: torch.Tensor) -> bool:
+    """Accepted ``nodes`` 0, 1, .., m: already the first tree slots (every chain's path, and a tree's
+    when nothing past the root or only first children were accepted), so nothing needs to move."""
+    return nodes.tolist() == list(range(nodes.numel()))
+
+
 def keep_accepted(cache: Cache, prefix_len: int, tree_size: int, nodes: torch.Tensor) -> None:
     """The cache holds prefix + all ``tree_size`` tree nodes; keep the accepted ``nodes`` (sorted,
     root first) at contiguous positions ``prefix_len ..`` and crop the rest."""
     n = nodes.numel()
-    for layer in cache.layers:
+    for layer in ([] if in_place(nodes) else cache.layers):  # chains never move
         src = nodes.to(layer.keys.device) + prefix_len  # under a device_map each layer has its own device
         # advanced indexing copies first, so overlapping source/destination is safe; in place, so a
         # static cache keeps its (compile-visible) storage

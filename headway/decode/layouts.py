@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import torch
 from transformers import Cache
 
-from .kv import drop_last, keep_accepted, new_cache, static_length, tree_mask
+from .kv import drop_last, in_place, keep_accepted, new_cache, static_length, tree_mask
 from .padding import additive, after_prefix, left_pad, pad_trees, prefill_mask, used_columns
 from .shapes import DraftTree
 from .verify import Verdict
@@ -120,14 +120,15 @@ class PaddedRows:
         dev = self.valid.device
         m = torch.tensor([v.nodes.numel() for v in verdicts], device=dev)  # (B,)
         M = int(m.max())
-        idx = torch.zeros(len(verdicts), M, dtype=torch.long, device=dev)  # (B, M) tree slot to keep
-        for b, v in enumerate(verdicts):
-            idx[b, :v.nodes.numel()] = v.nodes
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                t = getattr(layer, name)  # (B, H, S + N, D)
-                src = idx[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]) + S
-                t[:, :, S:S + M] = t.gather(2, src)  # gather copies first: overlapping slots are safe
+        if not all(in_place(v.nodes) for v in verdicts):  # chains never move
+            idx = torch.zeros(len(verdicts), M, dtype=torch.long, device=dev)  # (B, M) tree slot to keep
+            for b, v in enumerate(verdicts):
+                idx[b, :v.nodes.numel()] = v.nodes
+            for layer in self.cache.layers:
+                for name in ("keys", "values"):
+                    t = getattr(layer, name)  # (B, H, S + N, D)
+                    src = idx[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]) + S
+                    t[:, :, S:S + M] = t.gather(2, src)  # gather copies first: overlapping slots are safe
         if width > M:
             drop_last(self.cache, width - M)
         self.valid = torch.cat([self.valid, torch.arange(M, device=dev)[None] < m[:, None]], dim=1)

@@ -23,6 +23,7 @@ never changes what verification emits.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -190,6 +191,13 @@ def chain(depth: int) -> StaticShape:
         raise TreeSpecError(f"chain-{depth}: a chain needs at least one draft (chain-N with N >= 1)")
     check_tree_size(depth=depth, what=f"chain-{depth}")  # before building its N(N+1)/2 path entries
     return StaticShape([(0,) * depth], name=f"chain-{depth}")  # the prefixes follow from the one path
+
+
+@functools.lru_cache(maxsize=64)
+def chain_buffers(depth: int, device: torch.device) -> TreeBuffers:
+    """``chain(depth).buffers`` on ``device``, built once: a sampled chain needs them every step
+    (~0.5 ms to build on CPU, ~1% of a SmolLM2 step). Shared: read, never written."""
+    return chain(depth).buffers.to(device)
 
 
 def fork(depth: int) -> StaticShape:
@@ -468,7 +476,7 @@ def build_sampled_chain(depth: int, proposer: Proposer, root_token: torch.Tensor
                                    proposer.to_target_ids(x.view(1)), d)[0]
     tokens = proposer.to_target_ids(draft.clamp(min=0))
     tokens[0] = root_token
-    return DraftTree(tokens, chain(depth).buffers.to(dev), draft), q_all
+    return DraftTree(tokens, chain_buffers(depth, dev), draft), q_all
 
 
 def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor,
