@@ -91,10 +91,10 @@ class TargetArgs:
                                    f"({', '.join(BUILDERS)}; built, or reused from the cache)")
     revision: str | None = opt(None, "target revision (Hub targets)")
     dtype: str = opt("float32", "dtype the target runs in (exact output is promised in float32); auto: the "
-                                "model's own dtype (its config's) on CUDA, float32 on CPU (bf16 single-token "
-                                "decode is slower than fp32 on CPUs without native bf16 matmul; distill's batched "
-                                "generation and features' batched forward take bf16 on a CPU measured faster in "
-                                "bf16)",
+                                "model's own dtype (its config's) on CUDA, float32 on CPU (exact there; bf16 decode "
+                                "runs headway's native kernel where it builds, slower than fp32 without it; "
+                                "distill's batched generation and features' batched forward take bf16 on a CPU "
+                                "measured faster in bf16)",
                      choices=DTYPE_CHOICES)
     device: str | None = opt(None, "device (default: the process's accelerate device under `accelerate launch`, "
                                    "else cuda if available, else cpu)")
@@ -218,8 +218,9 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> Any:
 def load_dtype(dtype: str | torch.dtype | None, device: str | torch.device | None = None,
                device_map: Any = None) -> Any:
     """What ``from_pretrained`` gets for ``dtype``: ``auto`` is the model's own dtype when the target
-    lands on CUDA (``device``, ``device_map`` or the default device), float32 on CPU, where bf16
-    single-token decode is slower (no native bf16 matmul on these CPUs)."""
+    lands on CUDA (``device``, ``device_map`` or the default device), float32 on CPU, where exact output
+    is promised (bf16 decode there rounds per kernel; stock bf16 matmuls are slower than fp32 on CPUs
+    without native bf16 units)."""
     import torch
 
     if dtype != "auto":
