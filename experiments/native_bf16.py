@@ -32,7 +32,7 @@ print(f"# {threads} thread(s), {torch.backends.cpu.get_cpu_capability()}; {len(t
       f"{len(drafter)} drafter linears ({sum(w.numel() for w in drafter) / 1e6:.1f}M weights)")
 
 
-def median_ms(weights: list[torch.Tensor], rows: int, product, dtype: torch.dtype, reps: int = 15) -> list[float]:
+def pass_times(weights: list[torch.Tensor], rows: int, product, dtype: torch.dtype, reps: int = 15) -> list[float]:
     xs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
     ts = []
     for _ in range(reps):
@@ -53,7 +53,7 @@ def table(title: str, weights: dict[str, list[torch.Tensor]], rows: tuple[int, .
             for _ in range(3):  # interleaved: a noisy moment hits every column
                 for name, ws in weights.items():
                     product = F.linear if name.endswith("stock") else native.native_linear
-                    got[name] += median_ms(ws, n, product, ws[0].dtype, reps=5)
+                    got[name] += pass_times(ws, n, product, ws[0].dtype, reps=5)
             print(f"| {n} | " + " | ".join(f"{1e3 * sorted(v)[len(v) // 2]:.2f}" for v in got.values()) + " |")
 
 

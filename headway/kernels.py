@@ -126,7 +126,7 @@ def _forward(plan: LinearPlan):  # noqa: ANN202 - a bound forward for nn.Linear
             kernel = plan.kernel(rows)
             if kernel == WEIGHT_MAJOR:
                 return weight_major_linear(x, self.weight, self.bias, plan.width(rows))
-            if kernel == NATIVE and native.fits(x, self.weight):  # else (bf16, autograd): stock
+            if kernel == NATIVE and native.fits(x, self.weight):  # else (fp16, mixed dtypes, autograd): stock
                 return native.native_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
     return forward
