@@ -97,12 +97,13 @@ def keep_accepted(cache: Cache, prefix_len: int, tree_size: int, nodes: torch.Te
     """The cache holds prefix + all ``tree_size`` tree nodes; keep the accepted ``nodes`` (sorted,
     root first) at contiguous positions ``prefix_len ..`` and crop the rest."""
     n = nodes.numel()
-    for layer in ([] if in_place(nodes) else cache.layers):  # chains never move
-        src = nodes.to(layer.keys.device) + prefix_len  # under a device_map each layer has its own device
-        # advanced indexing copies first, so overlapping source/destination is safe; in place, so a
-        # static cache keeps its (compile-visible) storage
-        layer.keys[..., prefix_len:prefix_len + n, :] = layer.keys[..., src, :]
-        layer.values[..., prefix_len:prefix_len + n, :] = layer.values[..., src, :]
+    if not in_place(nodes):  # chains never move
+        for layer in cache.layers:
+            src = nodes.to(layer.keys.device) + prefix_len  # under a device_map each layer has its own device
+            # advanced indexing copies first, so overlapping source/destination is safe; in place, so a
+            # static cache keeps its (compile-visible) storage
+            layer.keys[..., prefix_len:prefix_len + n, :] = layer.keys[..., src, :]
+            layer.values[..., prefix_len:prefix_len + n, :] = layer.values[..., src, :]
     if tree_size > n:
         drop_last(cache, tree_size - n)
 
