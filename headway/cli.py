@@ -50,7 +50,7 @@ COMMANDS: dict[str, Command] = {
     "push": Command("Push a heads checkpoint (weights + model card) to the Hugging Face Hub: push HEADS ORG/NAME.",
                     "headway.heads.hub:PushConfig", "headway.heads.hub:push_cli"),
     "train": Command("Train Medusa / EAGLE heads on the frozen target (= accelerate launch -m headway train).",
-                     "headway.train.config:TrainConfig", "headway.train.loop:train_cli"),
+                     "headway.train.config:TrainConfig", "headway.train.recipe:train"),
     "generate": Command("Generate with the tree speculative decoder: the target's exact output, faster.",
                         "headway.decode.cli:GenerateConfig", "headway.decode.cli:generate_cli"),
     "tune": Command("Measure acceptance and this machine's forward costs; store the fastest tree with the heads.",
@@ -134,8 +134,9 @@ def _run(argv: list[str]) -> int:
     try:
         cfg = parse_cli(cfg_cls, rest)
         quiet_library_bars()
-        fn: Callable[[Any], int | None] = _load(cmd.run)
-        return int(fn(cfg) or 0)
+        fn: Callable[[Any], Any] = _load(cmd.run)
+        code = fn(cfg)  # an exit status, or what the command made (train: the heads folder) for 0
+        return code if isinstance(code, int) else 0
     except HeadwayError as e:
         print(f"headway {name}: error: {e}", file=sys.stderr)
         if os.environ.get("HEADWAY_TRACEBACK"):

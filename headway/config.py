@@ -382,3 +382,23 @@ def check_choices(f: dataclasses.Field, value: Any, key: str) -> None:
 def check_choice(value: Any, choices: Sequence[Any], key: str) -> None:
     if value not in choices:
         raise ConfigError(f"'{key}' must be one of {', '.join(map(str, choices))}; got {value!r}")
+
+
+# rule text -> test; a value of None (an unset optional) passes every rule
+RULES: dict[str, Any] = {
+    "> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, ">= 1": lambda x: x >= 1,
+    "in [0, 1)": lambda x: 0 <= x < 1, "in [0, 1]": lambda x: 0 <= x <= 1,
+}
+
+
+def check_numbers(section: Any, prefix: str, rules: dict[str, str]) -> None:
+    """Refuse NaN, infinity and out-of-range numbers at config load, naming the key and its rule
+    (a NaN lr would otherwise train silently to NaN heads). List values are checked item by item."""
+    import math
+
+    for name, rule in rules.items():
+        value = getattr(section, name)
+        for x in value if isinstance(value, (list, tuple)) else [value]:
+            if x is not None and (isinstance(x, bool) or not math.isfinite(x) or not RULES[rule](x)):
+                what = "a finite number " if isinstance(x, float) else ""
+                raise ConfigError(f"'{prefix}{name}' must be {what}{rule}, got {value!r}")

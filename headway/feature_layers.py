@@ -7,6 +7,18 @@ i-1 (the input of layer i), L = the last layer's output after the final norm.
 
 from __future__ import annotations
 
+def eagle3_layers(num_hidden_layers: int) -> list[int]:
+    """EAGLE-3's low / middle / high layers: (2, L//2, L-3) when those are distinct; shallower
+    targets get three distinct indices spread as evenly as they allow."""
+    L = num_hidden_layers
+    if L < 2:
+        raise ValueError(f"EAGLE-3 needs a target with at least 2 layers; this one has {L}")
+    for want in ([2, L // 2, L - 3], [1, L // 2, L - 1], [L - 2, L - 1, L]):
+        if 0 <= want[0] < want[1] < want[2] <= L:
+            return want
+    raise AssertionError("unreachable")  # [L-2, L-1, L] always qualifies
+
+
 DFLASH_CONTEXT_LAYERS = 5  # target layers a DFlash context fuses by default (the published drafters use 5-6)
 
 

@@ -20,7 +20,9 @@ from torch.distributed.fsdp import fully_shard
 from headway.heads import MedusaHeads
 from headway.testing import tiny_target
 from headway.train.config import TrainConfig
-from headway.train.loop import TrainModule, non_finite_weight, whole_heads
+from headway.train.module import TrainModule
+from headway.train.guards import non_finite_weight
+from headway.train.recipe import TrainRecipe
 from headway.train.registry import TASKS
 from headway.train.sharding import is_sharded
 
@@ -52,7 +54,7 @@ def main(out: str) -> None:
     found["eval_equal"] = all(torch.allclose(got[k], want[k], atol=1e-5) for k in want)
     found["nan_before"] = non_finite_weight(module, acc)
     run = SimpleNamespace(inner=SimpleNamespace(heads=heads), accelerator=acc)
-    whole = whole_heads(run)  # a collective: every process calls it
+    whole = TrainRecipe.whole_heads(run)  # a collective: every process calls it
     if acc.is_main_process:
         state = whole.state_dict()
         found["saved_plain"] = all(type(v) is torch.Tensor for v in state.values())

@@ -39,8 +39,8 @@ MODULE_MAY_IMPORT = {"headway.decode.cli": {"data"}}
 MODULE_ROOMS = {
     "headway.config": "config", "headway.target": "target", "headway.kernels": "kernels",
     "headway.native": "kernels", "headway.cli": "cli", "headway.__main__": "cli",
-    **{f"headway.{m}": "ground" for m in ("__init__", "publish", "progress", "errors", "compat", "hardware", "lazy",
-                                          "sampling", "tokenizer", "optional", "feature_layers", "testing")},
+    **{f"headway.{m}": "ground" for m in ("__init__", "publish", "locking", "progress", "errors", "compat", "hardware",
+                                          "lazy", "sampling", "tokenizer", "optional", "feature_layers", "testing")},
 }
 MODULE_ROOMS["headway"] = MODULE_ROOMS.pop("headway.__init__")
 PACKAGE_ROOMS = ("data", "heads", "train", "decode", "bench", "demo", "engines")
@@ -212,15 +212,15 @@ if TYPE_CHECKING:
     from .demo.pipeline import DemoConfig
 BUILD = "headway.bench.run:bench"
 def f():
-    return importlib.import_module(".train.loop", "headway"), __import__("headway.decode.tree")
+    return importlib.import_module(".train.recipe", "headway"), __import__("headway.decode.tree")
 """
 
 
 def test_the_checker_counts_type_checking_and_importlib_names():
-    modules = {"headway.target", "headway.demo.pipeline", "headway.bench.run", "headway.train.loop",
+    modules = {"headway.target", "headway.demo.pipeline", "headway.bench.run", "headway.train.recipe",
                "headway.decode.tree", "headway.demo"}
     found = imports_of(SYNTHETIC, "headway.target", modules)
-    assert found == {"headway.demo.pipeline", "headway.bench.run", "headway.train.loop", "headway.decode.tree"}
+    assert found == {"headway.demo.pipeline", "headway.bench.run", "headway.train.recipe", "headway.decode.tree"}
     broken = room_violations({"headway.target": found})
     assert len(broken) == 4 and all(b.startswith("headway.target -> ") for b in broken)
     assert "headway.target -> headway.demo.pipeline: the target room may import config" in broken[2]
@@ -349,3 +349,28 @@ def test_one_resolver_fetches_from_the_hub():
     offenders = [str(f.relative_to(PACKAGE)) for f in PACKAGE.rglob("*.py")
                  if f.name != "target.py" and fetches.search(f.read_text())]
     assert offenders == []
+
+
+MAX_FILE_LINES = 600  # a file past this holds more than one concern (issue #64)
+MAX_CONFIG_ENTRIES = 3  # functions per file that take a run's whole TrainConfig
+
+
+def test_no_file_in_the_package_is_over_its_line_budget():
+    long = {str(f.relative_to(PACKAGE)): n for f in PACKAGE.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > MAX_FILE_LINES}
+    assert long == {}
+
+
+def test_a_training_config_enters_a_file_at_most_three_times():
+    """A run's ``TrainConfig`` is handed to few functions per file: the recipe holds it and passes
+    on the values the small modules need, so a module's inputs say what it reads."""
+    import ast
+
+    def entries(path) -> int:
+        return sum(1 for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for a in [*node.args.args, *node.args.kwonlyargs]
+                   if a.annotation is not None and "TrainConfig" in ast.unparse(a.annotation))
+
+    over = {str(f.relative_to(PACKAGE)): n for f in PACKAGE.rglob("*.py") if (n := entries(f)) > MAX_CONFIG_ENTRIES}
+    assert over == {}

@@ -346,8 +346,9 @@ def test_a_lock_file_removed_under_a_waiting_process_is_not_trusted(tmp_path, mo
     there, and must lock the file now at the path instead (else a third process could lock that one too)."""
     import fcntl
 
-    import headway.data.distill as distill_mod
-    from headway.data.distill import LOCK, output_lock
+    import headway.locking as locking
+    from headway.data.errors import DataError
+    from headway.locking import LOCK, output_lock
 
     folder = tmp_path / "out"
     folder.mkdir()
@@ -361,8 +362,8 @@ def test_a_lock_file_removed_under_a_waiting_process_is_not_trusted(tmp_path, mo
         opened.append(f)
         return f
 
-    monkeypatch.setattr(distill_mod, "open", open_then_lose_it, raising=False)
-    with output_lock(folder):
+    monkeypatch.setattr(locking, "open", open_then_lose_it, raising=False)
+    with output_lock(folder, DataError):
         assert len(opened) == 2 and (folder / LOCK).read_text() == f"{os.getpid()}\n"
         with open(folder / LOCK) as other:  # what another process would open: locked by us
             with pytest.raises(BlockingIOError):

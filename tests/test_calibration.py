@@ -16,9 +16,10 @@ from headway.decode.shapes import DynamicShape, build_dynamic, depth_temperature
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads, load_heads
 from headway.heads.base import HeadsError
 from headway.testing import save_tiny_target, tiny_target, tiny_tokenizer
-from headway.train.calibration import TEMPERATURES, calibration_sums, fit_calibration, summarize_calibration
+from headway.train.calibrate import fit_calibration
+from headway.train.calibration import TEMPERATURES, calibration_sums, summarize_calibration
 from headway.train.config import TrainConfig
-from headway.train.loop import fit
+from headway.train.recipe import fit
 
 from test_decode_exact import OracleProposer, prompts, reference, tie_free
 from test_decode_sampling import (N_SAMPLES, chi_square_pvalue, exact_distribution, heads_for, speculative_samples,

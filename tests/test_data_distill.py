@@ -320,8 +320,8 @@ def test_shipped_demo_config_loads():
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from headway.data.distill import output_lock
-with output_lock(Path(sys.argv[1])):
+from headway.locking import output_lock
+with output_lock(Path(sys.argv[1]), RuntimeError):
     print("locked", flush=True)
     time.sleep(300)
 """

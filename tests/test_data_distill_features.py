@@ -13,7 +13,7 @@ from headway.data.features import FeaturesConfig, FeatureStore, features, target
 from headway.data.generation import FeatureSpec, SamplingSettings, greedy_batch, sample_batch
 from headway.data.merge import merge
 from headway.testing import tiny_target
-from headway.train.loop import features_manifest
+from headway.train.offline import features_manifest
 
 PROMPTS = ["def add(a, b):", "import os\nimport sys\n\nclass Config:", "for i in range(10):", "x = [1, 2, 3]",
            "def main():\n    parser =", "while True:", "class A(object):"]

@@ -8,6 +8,7 @@ import torch
 from headway.data import features as features_mod
 from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.errors import DataError, ResumeMismatchError
+from headway.heads import default_aux_layers
 from headway.data.features import (FeaturesConfig, FeatureStore, eagle3_layers, features, parse_layers,
                                    right_pad, target_features)
 from headway.config import load_config, parse_args
@@ -139,8 +140,10 @@ def test_layer_specs():
     assert parse_layers(cfg.layers, 30) == [2, 15, 27, "final"]
     assert parse_layers(["final", "eagle3"], 30) == ["final", 2, 15, 27]
     assert parse_layers([0, "32"], 32) == [0, 32]
-    with pytest.raises(DataError, match="not three distinct"):
-        eagle3_layers(4)
+    # a shallow target gets the layers the heads themselves default to (one rule: feature_layers.py)
+    assert parse_layers(["eagle3"], 4) == [1, 2, 3] == default_aux_layers(4)
+    with pytest.raises(DataError, match="at least 2 layers"):
+        parse_layers(["eagle3"], 1)
     with pytest.raises(DataError, match="0..2"):
         parse_layers(["3"], 2)
     with pytest.raises(DataError, match="unknown layer"):

@@ -17,7 +17,7 @@ from headway.data.features import FeaturesConfig, FeatureStore, features
 from headway.data.merge import merge
 from headway.data.vocab import load_token_counts, token_frequencies
 from headway.train.config import TrainConfig
-from headway.train.loop import train
+from headway.train.recipe import train
 
 PROMPTS_A = ["def add(a, b):", "import os\nimport sys", "for i in range(10):", "x = [1, 2, 3]", "while True:"]
 PROMPTS_B = ["class A(object):", "def main():\n    parser =", "with open(path) as f:"]
@@ -31,7 +31,7 @@ def distil(root, name, prompts, target):
                                  max_new_tokens=8, batch_size=4, shard_size=2))
 
 
-def feats(data, out, layers=("1", "final"), **kw):
+def feats(data, out, layers=("0", "1", "2", "final"), **kw):
     return features(FeaturesConfig(dataset=str(data), output=str(out), layers=list(layers), store_dtype="float32",
                                    batch_size=2, shard_size=2, **kw))
 
@@ -93,7 +93,7 @@ def test_training_reads_merged_features(parts, llama_dir, tmp_path):
                                           "output_dir": str(tmp_path / "run"), "batch_size": 4, "max_steps": 2,
                                           "save_every": 0, "eval_fraction": 0.25, "progress": False,
                                           "eagle.ttt_steps": 2, "eagle.draft_vocab_size": 32,
-                                          "eagle.aux_layers": [1, 1, 1]})
+                                          "eagle.aux_layers": [0, 1, 2]})
     final = train(cfg)
     meta = json.loads((final / "config.json").read_text())["metadata"]
     assert meta["training"]["features"] == str(out) and meta["training"]["train_rows"] == 6  # 8 rows, 2 held out
@@ -135,8 +135,8 @@ def test_refusals_name_both_values_and_write_nothing(parts, tmp_path):
     with pytest.raises(DataError, match="unfinished"):
         merge([a, unfinished], out)
     f0 = feats(b, tmp_path / "f0", layers=("0", "final"))
-    with pytest.raises(DataError, match=r"different keys: \['hidden_states.1', 'final'\] in .* but "
-                                        r"\['hidden_states.0', 'final'\]"):
+    with pytest.raises(DataError, match=r"different keys: \['hidden_states.0', 'hidden_states.1', 'hidden_states.2', "
+                                        r"'final'\] in .* but \['hidden_states.0', 'final'\]"):
         merge([fa, f0], out)
     fo = edited_copy(fb, tmp_path / "fother", "features.json", lambda m: m["target"].update(hidden_size=7))
     with pytest.raises(DataError, match=r"features of different targets: hidden_size \d+ in .* but 7 in"):

@@ -18,7 +18,7 @@ from headway.train.batch import collate, target_batch
 from headway.train.config import TrainConfig
 from headway.train.errors import TrainError
 from headway.train.eagle import Eagle1Task, Eagle3Task, feature_batch
-from headway.train.loop import fit, train
+from headway.train.recipe import fit, train
 
 from train_utils import distilled_rows, free_port, run_cli, save_rows
 
@@ -227,7 +227,7 @@ def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task
     if argmax_from == "data":
         # the loop's module: training batches take the data's token, evaluation the target's argmax
         from headway.train.batch import collate_features, stored_keys
-        from headway.train.loop import TrainModule
+        from headway.train.module import TrainModule
 
         task = task_cls(cfg)
         heads = task.build(target)

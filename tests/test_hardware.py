@@ -51,7 +51,7 @@ def test_a_presets_bf16_follows_the_cpu_and_an_explicit_one_stays(monkeypatch, t
 @pytest.mark.parametrize("fast, expected", [(True, "bf16"), (False, "no")])
 def test_training_auto_precision_takes_bf16_only_where_fast(monkeypatch, tmp_path, fast, expected):
     from headway.train.config import TrainConfig
-    from headway.train.loop import make_accelerator
+    from headway.train.accel import make_accelerator
 
     monkeypatch.setenv(ENV, "1" if fast else "0")
     acc = make_accelerator(TrainConfig(kind="medusa", target="t", output_dir=str(tmp_path), mixed_precision="auto",
@@ -61,7 +61,7 @@ def test_training_auto_precision_takes_bf16_only_where_fast(monkeypatch, tmp_pat
 
 def test_training_bf16_on_a_slow_cpu_warns_and_keeps_the_choice(monkeypatch, tmp_path, capsys):
     from headway.train.config import TrainConfig
-    from headway.train.loop import make_accelerator
+    from headway.train.accel import make_accelerator
 
     monkeypatch.setenv(ENV, "0")
     acc = make_accelerator(TrainConfig(kind="medusa", target="t", output_dir=str(tmp_path), mixed_precision="bf16",

@@ -274,7 +274,7 @@ def test_medusa_and_eagle1_tasks_count_the_vocab_on_the_data(target, tmp_path):
     plain = load_config(TrainConfig, None, {"target": "t", "data": str(data), "medusa.draft_vocab_size": V})
     assert not MedusaTask(plain).build(target).has_draft_vocab
     assert not Eagle1Task(load_config(TrainConfig, None, {"target": "t", "data": str(data)})).build(target).has_draft_vocab
-    from headway.train.loop import TrainError
+    from headway.train.errors import TrainError
 
     with pytest.raises(TrainError, match="larger than the target's vocabulary of 384"):
         Eagle1Task(load_config(TrainConfig, None, {"target": "t", "data": str(data), "eagle.draft_vocab_size": V + 1})).build(target)

@@ -18,7 +18,7 @@ from headway.heads.metadata import ADAPTER_SUBFOLDER, adapter_dir, read_metadata
 from headway.target import load_target
 from headway.testing import save_tiny_target, tiny_target
 from headway.train.config import TrainConfig
-from headway.train.loop import fit
+from headway.train.recipe import fit
 from headway.train.tasks import adapter_path
 
 from train_utils import distilled_rows, save_rows

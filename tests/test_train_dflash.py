@@ -17,7 +17,7 @@ from headway.train.blocks import (accepted_at_every_anchor, anchor_candidates, b
                                   decoder_anchors, row_draws, select_anchors, slot_labels)
 from headway.train.dflash import DFlashTask, least_used_token
 from headway.train.eagle import feature_batch
-from headway.train.loop import fit, train
+from headway.train.recipe import fit, train
 
 from test_eagle_train import greedy_text  # noqa: F401  (the fixture: text the tiny target writes greedily)
 from train_utils import distilled_rows, save_rows
@@ -187,7 +187,7 @@ def test_path_correction_trains_with_the_block(setup, tmp_path):
 
 def test_calibration_is_fitted_per_slot(setup, tmp_path):
     """`headway tune --calibration-data` on DFlash heads: one temperature per drafted depth."""
-    from headway.train.calibration import fit_calibration
+    from headway.train.calibrate import fit_calibration
 
     target, tok = load_target(str(setup[1]), device="cpu")
     heads = load_heads(fit(config(setup, tmp_path / "run", max_steps=2), target, tok), target=target)

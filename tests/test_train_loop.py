@@ -14,7 +14,8 @@ from headway.target import TargetError, load_target
 from headway.testing import save_tiny_target, tiny_config, tiny_target
 from headway.train.checkpoints import STATE, complete_checkpoints, resolve_resume
 from headway.train.config import TrainConfig
-from headway.train.loop import TrainError, fit, train
+from headway.train.errors import TrainError
+from headway.train.recipe import fit, train
 from headway.train.tasks import adapter_path
 
 from train_utils import distilled_rows, save_rows
@@ -134,7 +135,7 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(setup, tmp_path):
     (part / "checkpoints" / "checkpoint-4").mkdir()
     assert resolve_resume("latest", part).name == "checkpoint-3"
 
-    with pytest.raises(TrainError, match="'medusa' was"):  # a different run in the same folder is refused
+    with pytest.raises(TrainError, match="'medusa.num_heads' was 3, now 2"):  # a different run in the same folder is refused
         train(config(setup, part, resume_from="latest", **{**kw, "medusa.num_heads": 2}))
     with pytest.raises(TrainError, match="global batch of 8 rows, this run has 4"):
         train(config(setup, part, resume_from="latest", **{**kw, "grad_accum": 1}))
@@ -149,7 +150,7 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(setup, tmp_path):
 
 
 def test_time_limit_ends_the_run_at_a_log_step_with_final_heads(setup, tmp_path, monkeypatch):
-    import headway.train.loop as loop
+    import headway.train.recipe as loop
 
     clock = iter(range(0, 10_000, 30))  # every reading of the clock is 30 s after the last
     monkeypatch.setattr(loop.time, "perf_counter", lambda: float(next(clock)))
@@ -281,15 +282,15 @@ def test_accumulated_micro_batches_equal_one_big_batch(tmp_path):
 
 @pytest.mark.parametrize("user_dir", [True, False])
 def test_wandb_goes_to_wandb_dir_when_set_else_the_run_folder(setup, tmp_path, monkeypatch, user_dir):
-    from headway.train.loop import wandb_kwargs
+    from headway.train.runlog import wandb_kwargs
 
     cfg = config(setup, tmp_path / "run")
     if user_dir:
         monkeypatch.setenv("WANDB_DIR", str(tmp_path / "mine"))
-        assert "dir" not in wandb_kwargs(cfg, tmp_path / "run")  # wandb reads WANDB_DIR itself
+        assert "dir" not in wandb_kwargs("run", tmp_path / "run")  # wandb reads WANDB_DIR itself
     else:
         monkeypatch.delenv("WANDB_DIR", raising=False)
-        assert wandb_kwargs(cfg, tmp_path / "run")["dir"] == str(tmp_path / "run")
+        assert wandb_kwargs("run", tmp_path / "run")["dir"] == str(tmp_path / "run")
 
 
 def test_a_tracker_that_is_not_installed_is_one_line_and_the_run_trains(setup, tmp_path, monkeypatch, capsys):

@@ -11,7 +11,7 @@ from headway.train.batch import collate
 from headway.train.config import OptimConfig, TrainConfig
 from headway.train.losses import IGNORE_INDEX as X
 from headway.train.losses import kl_to_target, medusa_labels, medusa_loss, next_token_loss
-from headway.train.loop import lr_factor
+from headway.train.optim import lr_factor
 from headway.train.metrics import chain_acceptance, medusa_eval_stats, summarize_heads, tau_from_hist
 from headway.train.tasks import MedusaTask, quality_weight
 

@@ -17,7 +17,9 @@ from headway.target import load_target
 from headway.testing import save_tiny_target, tiny_target
 from headway.train.batch import collate, collate_features
 from headway.train.config import TrainConfig
-from headway.train.loop import TrainError, fit, split_data, split_indices
+from headway.train.errors import TrainError
+from headway.train.recipe import fit
+from headway.train.loaders import split_data, split_indices
 
 from train_utils import distilled_rows, save_rows
 
@@ -288,7 +290,7 @@ def test_offline_two_processes_match_one_process(tmp_path):
 
 
 def test_length_windows_sort_each_window_longest_first():
-    from headway.train.loop import length_windows
+    from headway.train.loaders import length_windows
 
     lengths = [5, 9, 1, 9, 3, 7, 2]
     order = [6, 0, 3, 2, 5, 1, 4]  # windows of 3: [6 0 3] [2 5 1] [4]
@@ -300,7 +302,7 @@ def test_length_windows_sort_each_window_longest_first():
 def test_group_by_length_pads_less_and_offline_still_equals_online(setup, tmp_path):
     """Grouped, each epoch is still a permutation of the rows, batches pad less, the order is the
     same for Arrow rows and feature rows, and offline training still equals online training."""
-    from headway.train.loop import EpochView
+    from headway.train.loaders import EpochView
     from headway.train.rows import row_lengths
 
     _, target_dir, _, feats = setup

@@ -8,7 +8,7 @@ from headway.config import ConfigError, load_config
 from headway.heads import Eagle3Drafter
 from headway.testing import tiny_target
 from headway.train.config import OptimConfig, TrainConfig
-from headway.train.loop import make_optimizer
+from headway.train.optim import make_optimizer
 from headway.train.optim import MuonAdamW, muon_eligible, orthogonalize
 from headway.train.tasks import ParamGroup
 
@@ -97,13 +97,13 @@ def test_muon_is_refused_where_accelerate_shards_the_heads():
     from accelerate.utils import DistributedType
 
     from headway.train.errors import TrainError
-    from headway.train.loop import check_optimizer
+    from headway.train.accel import check_optimizer
 
     cfg = load_config(TrainConfig, None, {"kind": "eagle3", "target": "t", "data": "d", "optim.name": "muon"})
     for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
         with pytest.raises(TrainError, match="optim.name=muon"):
-            check_optimizer(SimpleNamespace(distributed_type=kind), cfg)
+            check_optimizer(SimpleNamespace(distributed_type=kind), cfg.optim.name)
     for kind in (DistributedType.NO, DistributedType.MULTI_CPU):
-        check_optimizer(SimpleNamespace(distributed_type=kind), cfg)
+        check_optimizer(SimpleNamespace(distributed_type=kind), cfg.optim.name)
     cfg.optim.name = "adamw"
-    check_optimizer(SimpleNamespace(distributed_type=DistributedType.FSDP), cfg)
+    check_optimizer(SimpleNamespace(distributed_type=DistributedType.FSDP), cfg.optim.name)

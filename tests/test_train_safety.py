@@ -23,7 +23,11 @@ from headway.target import load_target
 from headway.testing import save_tiny_target
 from headway.train.checkpoints import RUN_FILE, complete_checkpoints
 from headway.train.config import TrainConfig
-from headway.train.loop import EpochView, NonFiniteError, RunLog, TrainError, fit, non_finite_weight, train
+from headway.train.loaders import EpochView
+from headway.train.errors import NonFiniteError, TrainError
+from headway.train.runlog import RunLog
+from headway.train.recipe import fit, train
+from headway.train.guards import non_finite_weight
 from headway.train.metrics import json_safe
 
 from train_utils import REPO, distilled_rows, save_rows
@@ -201,8 +205,8 @@ def test_a_folder_of_another_run_is_refused_before_the_target_loads(setup, tmp_p
 HOLD_LOCK = """
 import sys, time
 from pathlib import Path
-from headway.data.distill import output_lock
-with output_lock(Path(sys.argv[1])):
+from headway.locking import output_lock
+with output_lock(Path(sys.argv[1]), RuntimeError):
     print("locked", flush=True)
     time.sleep(300)
 """

@@ -201,7 +201,7 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
         say(adapter_note(spec.adapter))
     calibration = None
     if cfg.calibration_data:  # before anything is drafted: dynamic trees are ranked with it
-        from ..train.calibration import fit_calibration
+        from ..train.calibrate import fit_calibration
 
         say(f"fitting the draft calibration on {cfg.calibration_data} ...")
         calibration = fit_calibration(spec.heads, spec.target, cfg.calibration_data, depth=cfg.probe_depth)

@@ -42,13 +42,13 @@ from .feature_format import (FORMAT as FEATURES_FORMAT, MANIFEST as FEATURES_MAN
 from .generation import FeatureSpec, Generate, hf_generate, stop_token_ids
 from .configs import DistillConfig  # noqa: F401  (re-exported; light, for --help)
 from .plans import Plan, fit_budget, make_plan
+from ..locking import LOCK, output_lock
 from ..publish import publish, publishing
 from .shards import (check_settings, complete_shards, digest, link_or_copy, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
 from .sources import SourceResult, bad_rows_report, check_source, read_samples
 
 MANIFEST = "headway_distill.json"
-LOCK = ".lock"  # held (flock) by the process writing the folder; see output_lock
 SHARD_STATS = "shard.json"
 SHARD_FEATURES = "features.safetensors"  # in a shard's folder, with --features
 FORMAT = "headway-distilled"
@@ -241,14 +241,14 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     cfg = replace(cfg, dtype=dtype)
     feature_out = Path(cfg.features).expanduser() if cfg.features else None
     if procs.is_main:
-        hold.enter_context(output_lock(out))
+        hold.enter_context(output_lock(out, DataError))
         prepare_output(out, cfg.overwrite, MANIFEST)
         check_option_settings(out, cfg)  # before the target loads; prompts and template are compared below
         if feature_out is not None:
             if feature_out.resolve() == out.resolve():
                 raise DataError(f"--features {feature_out} is the output folder itself; give the features their "
                                 "own folder")
-            hold.enter_context(output_lock(feature_out))
+            hold.enter_context(output_lock(feature_out, DataError))
             prepare_feature_output(feature_out, out, cfg.overwrite)
     procs.barrier()
     with procs.state.main_process_first():
@@ -356,70 +356,6 @@ def prepare_output(out: Path, overwrite: bool, manifest_name: str) -> None:
     if out.is_dir() and any(p.name != LOCK for p in out.iterdir()) and not (out / manifest_name).is_file():
         raise DataError(f"output folder {out} is not empty and holds no {manifest_name}; "
                         "choose another folder or pass --overwrite")
-
-
-@contextlib.contextmanager
-def output_lock(folder: Path, error: type[Exception] = DataError) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``folder/.lock`` while this process writes ``folder``: a second
-    headway process writing the same folder fails at once with ``error``, naming the holder,
-    instead of interleaving shards and dying later on a raw OSError. The kernel drops the lock when
-    the process ends (even on kill -9), so a stale file never blocks. A run that fails (one that
-    refuses to start, above all) takes away the lock file and the empty folders it made: no trace
-    of a run that never began. A process that opened the file just before it went locks a file no
-    longer there; ``_locked`` sees that and locks the new one."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): unguarded, as before
-        yield
-        return
-    if folder.exists() and not folder.is_dir():
-        raise error(f"output folder {folder} is a file; choose another folder")
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    new_lock = not (folder / LOCK).exists()
-    f = _locked(folder, error, fcntl)
-    try:
-        yield
-    except BaseException:
-        if new_lock:
-            (folder / LOCK).unlink(missing_ok=True)  # while still locked: see _locked
-            for p in made:
-                with contextlib.suppress(OSError):  # not empty: something else is there now
-                    p.rmdir()
-        raise
-    finally:
-        fcntl.flock(f, fcntl.LOCK_UN)
-        f.close()
-
-
-def _locked(folder: Path, error: type[Exception], fcntl: Any) -> Any:
-    """``folder/.lock`` opened and flock'ed by this process (its pid written in it), the folder made
-    if needed. Locked, the file must still be the one at that path: a failed run removes its lock
-    file (``output_lock``), and a lock on the removed file would guard nothing."""
-    while True:
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            f = open(folder / LOCK, "a+")
-        except FileNotFoundError:  # the folder went between mkdir and open (a failed run's cleanup)
-            continue
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # BlockingIOError: another process holds it
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise error(f"{folder} is being written by another headway process (pid {holder}); wait for it to "
-                        "finish, or choose another output folder") from None
-        try:
-            same = os.path.samestat(os.fstat(f.fileno()), os.stat(folder / LOCK))
-        except FileNotFoundError:
-            same = False
-        if same:
-            f.seek(0)
-            f.truncate()
-            f.write(f"{os.getpid()}\n")
-            f.flush()
-            return f
-        f.close()  # closing drops the lock on the removed file; lock the one there now
 
 
 def check_option_settings(out: Path, cfg: DistillConfig) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..feature_layers import dflash_layers
+from ..feature_layers import dflash_layers, eagle3_layers
 from .configs import FeaturesConfig
 from .errors import DataError
 from .shards import complete_shards, write_json
@@ -32,7 +32,10 @@ def parse_layers(layers: Sequence[str | int], num_hidden_layers: int) -> list[st
         if s == "final":
             out.append("final")
         elif s in ("eagle3", "dflash"):  # a preset adds its layers not listed yet ('eagle3 dflash final')
-            preset = eagle3_layers(num_hidden_layers) if s == "eagle3" else dflash_layers(num_hidden_layers)
+            try:
+                preset = eagle3_layers(num_hidden_layers) if s == "eagle3" else dflash_layers(num_hidden_layers)
+            except ValueError as e:
+                raise DataError(str(e)) from None
             out += [i for i in preset if i not in out]
         elif s.lstrip("-").isdigit():
             i = int(s)
@@ -48,15 +51,6 @@ def parse_layers(layers: Sequence[str | int], num_hidden_layers: int) -> list[st
     if not out:
         raise DataError("no layers given")
     return out
-
-
-def eagle3_layers(num_hidden_layers: int) -> list[int]:
-    """EAGLE-3's default low / middle / high layers: hidden_states indices (2, L//2, L-3)."""
-    layers = [2, num_hidden_layers // 2, num_hidden_layers - 3]
-    if len(set(layers)) < 3 or min(layers) < 0:
-        raise DataError(f"EAGLE-3's default layers (2, L//2, L-3) = {tuple(layers)} are not three distinct layers "
-                        f"of a {num_hidden_layers}-layer target; list hidden_states indices explicitly")
-    return layers
 
 
 def layer_key(layer: str | int) -> str:

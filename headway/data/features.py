@@ -120,7 +120,8 @@ def features(cfg: FeaturesConfig) -> Path:
 
 def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
     from ..target import TargetInfo, load_target
-    from .distill import MANIFEST as DISTILL_MANIFEST, generation_dtype, load_distilled, output_lock, prepare_output
+    from ..locking import output_lock
+    from .distill import MANIFEST as DISTILL_MANIFEST, generation_dtype, load_distilled, prepare_output
     from .progress import TokenProgress, console
     from .runtime import processes
     from ..target import resolve_target_path
@@ -136,7 +137,7 @@ def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
     # dtype is what the settings record, so a resume elsewhere cannot mix dtypes in one folder
     cfg = replace(cfg, dtype=generation_dtype(cfg.dtype, procs.device))
     if procs.is_main:
-        hold.enter_context(output_lock(out))
+        hold.enter_context(output_lock(out, DataError))
         prepare_output(out, cfg.overwrite, MANIFEST)
     procs.barrier()
     with procs.state.main_process_first():

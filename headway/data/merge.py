@@ -47,7 +47,8 @@ def merge_cli(cfg: MergeConfig) -> int:
 
 def merge(inputs: Sequence[str | Path], output: str | Path, overwrite: bool = False) -> Path:
     """Merge ``inputs`` (all datasets or all features folders) into ``output``; returns it."""
-    from .distill import MANIFEST as DATASET_MANIFEST, output_lock, prepare_output
+    from ..locking import output_lock
+    from .distill import MANIFEST as DATASET_MANIFEST, prepare_output
     from .features import MANIFEST as FEATURES_MANIFEST
     from .progress import console
 
@@ -68,7 +69,7 @@ def merge(inputs: Sequence[str | Path], output: str | Path, overwrite: bool = Fa
     plan = check_features(paths) if features else check_datasets(paths)  # manifests only: a refusal writes nothing
     manifest = FEATURES_MANIFEST if features else DATASET_MANIFEST
     with contextlib.ExitStack() as hold:
-        hold.enter_context(output_lock(out))
+        hold.enter_context(output_lock(out, DataError))
         prepare_output(out, overwrite, manifest)
         if (out / manifest).is_file():
             raise DataError(f"{out} already holds a merge or another run; choose a new output folder or pass "

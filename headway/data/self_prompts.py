@@ -159,7 +159,8 @@ def write_prompts(cfg: PromptsConfig) -> Path:
     from ..kernels import LinearKernels
     from ..target import TargetInfo, load_target, resolve_target_path
     from .chat import load_chat_template
-    from .distill import generation_dtype, output_lock, prepare_output
+    from ..locking import output_lock
+    from .distill import generation_dtype, prepare_output
     from .generation import sample_batch, stop_token_ids
     from .progress import TokenProgress, console, quiet_datasets
     from .runtime import processes
@@ -171,7 +172,7 @@ def write_prompts(cfg: PromptsConfig) -> Path:
     device = procs.device
     cfg = replace(cfg, dtype=generation_dtype(cfg.dtype, device))
     say = console().print
-    with quiet_datasets(), output_lock(out):
+    with quiet_datasets(), output_lock(out, DataError):
         prepare_output(out, cfg.overwrite, SETTINGS_FILE)
         target_path = resolve_target_path(cfg.target or "")
         model, tokenizer = load_target(target_path, cfg.dtype, None if cfg.device_map else device, cfg.adapter,

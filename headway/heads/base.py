@@ -206,6 +206,10 @@ class DraftVocab:
             return draft_ids
         return draft_ids + self.d2t[draft_ids]
 
+    def logit_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> indices into what ``logits`` returns in the current mode (-1 outside it)."""
+        return self.to_draft_ids(target_ids, missing=-1)
+
     def to_draft_ids(self, target_ids: torch.Tensor, missing: int = -1) -> torch.Tensor:
         """Target ids (any shape; negative = none) -> draft ids, ``missing`` where the id is not in
         the draft vocabulary (or negative); identity without a draft vocabulary."""

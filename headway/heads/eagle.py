@@ -27,21 +27,18 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
 
 from ..config import opt
+from ..feature_layers import eagle3_layers
 from ..target import TargetInfo
 from .base import DraftVocab, HeadsBase, HeadsError
 from .layers import DraftCache, DraftDecoderLayer, LayerGeometry
 
 
 def default_aux_layers(num_hidden_layers: int) -> list[int]:
-    """EAGLE-3's low/middle/high layers as HF hidden-state indices: (2, L//2, L-3) when those are
-    distinct; shallower targets get three distinct indices spread as evenly as they allow."""
-    L = num_hidden_layers
-    if L < 2:
-        raise HeadsError(f"EAGLE-3 needs a target with at least 2 layers; this one has {L}")
-    for want in ([2, L // 2, L - 3], [1, L // 2, L - 1], [L - 2, L - 1, L]):
-        if 0 <= want[0] < want[1] < want[2] <= L:
-            return want
-    raise AssertionError("unreachable")  # [L-2, L-1, L] always qualifies
+    """EAGLE-3's low/middle/high layers as HF hidden-state indices (``feature_layers.eagle3_layers``)."""
+    try:
+        return eagle3_layers(num_hidden_layers)
+    except ValueError as e:
+        raise HeadsError(str(e)) from None
 
 
 @dataclass
@@ -162,6 +159,10 @@ class Eagle1Drafter(DraftVocab, _EagleBase):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Ids of ``logits`` (train mode: target ids already) -> target ids."""
         return draft_ids if self.training else self.draft_to_target_ids(draft_ids)
+
+    def logit_ids(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> indices into ``logits`` (train mode: the full vocabulary, so the ids themselves)."""
+        return target_ids if self.training else DraftVocab.logit_ids(self, target_ids)
 
     def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Ids of ``draft_logits`` -> target ids, whatever the mode."""

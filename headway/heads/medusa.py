@@ -68,6 +68,7 @@ class MedusaHeads(DraftVocab, HeadsBase):
     def __init__(self, config: MedusaConfig, target_info: TargetInfo | None = None) -> None:
         super().__init__(config, target_info)
         H = config.hidden_size
+        self.feature_layers = [-1]  # the target's final post-norm state
         self.blocks = nn.ModuleList(ResBlock(H, config.num_layers, config.bias) for _ in range(config.num_heads))
         self.lm_heads = nn.ModuleList(nn.Linear(H, self.draft_vocab_size, bias=False)
                                       for _ in range(config.num_heads)) if config.own_lm_head else None

@@ -9,13 +9,12 @@ fixed grid of temperatures; the temperature with the least NLL is stored with th
 
 Stats are *sums* with fixed shapes (depth x bins, depth x grid), so they add over batches and
 processes like the other eval stats; ``summarize_calibration`` turns the totals into numbers.
-``fit_calibration`` computes the same sums for existing heads on a distilled dataset or a
-features folder (``headway tune calibration_data=...``).
+``calibrate.fit_calibration`` computes the same sums for existing heads on a distilled dataset or
+a features folder (``headway tune calibration_data=...``), each kind's through its task.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -103,16 +102,6 @@ def calibration_metadata(summary: dict[str, Any], fitted_on: str = FITTED_ON_EVA
 
 
 # -- per head kind: which logits predict which label ------------------------------------------
-def eagle_logit_ids(drafter: nn.Module, target_ids: Tensor) -> Tensor:
-    """Target ids -> indices into ``drafter.logits`` (-1 outside its vocabulary): the draft
-    vocabulary, except for EAGLE-1 in train mode, whose logits cover the full vocabulary."""
-    from ..heads import Eagle1Drafter
-
-    if isinstance(drafter, Eagle1Drafter) and drafter.training:
-        return target_ids
-    return drafter.to_draft_ids(target_ids, missing=-1)
-
-
 def medusa_calibration_sums(head_logits: Tensor, labels: Tensor, ignore_index: int) -> dict[str, Tensor]:
     """head_logits (K, B, T, Vd), labels (K, B, T) draft ids (-1 outside the draft vocabulary,
     ``ignore_index`` where none): head k is depth k + 1, every labelled position counts."""
@@ -133,86 +122,15 @@ def teacher_forced_sums(drafter: nn.Module, input_ids: Tensor, hidden: Tensor, s
         label = shift_left(data_next, j + 1)  # (B, T) the token step j predicts
         ok = drafter.to_target_ids(logits.argmax(-1)) == label
         hits.append((ok & start).sum())
-        per_depth.append(depth_sums(logits[start], eagle_logit_ids(drafter, label[start])))  # one depth at a time
+        per_depth.append(depth_sums(logits[start], drafter.logit_ids(label[start])))  # one depth at a time
     return torch.stack(hits).float(), stack_depths(per_depth)
 
 
 def eagle_calibration_sums(drafter: nn.Module, tb: Any, hidden: Tensor, depth: int) -> dict[str, Tensor]:
-    """The calibration sums of ``eval_sums`` alone (``fit_calibration``): chain starts as there."""
+    """The calibration sums of ``eval_sums`` alone (``calibrate.fit_calibration``): chain starts as there."""
     from .ttt import label_mask
 
     start = torch.ones_like(tb.input_ids, dtype=torch.bool)
     for j in range(depth):
         start &= label_mask(tb.loss_mask, j + 2)
     return teacher_forced_sums(drafter, tb.input_ids, hidden, start, depth)[1]
-
-
-@torch.no_grad()
-def heads_calibration_sums(heads: nn.Module, tb: Any, depth: int) -> dict[str, Tensor]:
-    """The ``calib_*`` sums of any head kind on a ``TargetBatch``, as its eval stats compute them."""
-    from ..heads import DFlashDrafter, MedusaHeads
-    from .losses import IGNORE_INDEX, medusa_labels
-    from .draft_vocab import in_draft_vocab
-
-    if isinstance(heads, MedusaHeads):
-        labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)
-        return medusa_calibration_sums(heads(tb.hidden[-1]), in_draft_vocab(heads, labels, missing=-1), IGNORE_INDEX)
-    if isinstance(heads, DFlashDrafter):  # slot k = depth k, at the blocks evaluation drafts
-        from .blocks import block_predictions
-
-        context = heads.fuse([tb.hidden[i] for i in heads.feature_layers])
-        logits, rows, pos = block_predictions(heads, tb.input_ids, tb.loss_mask, context, BLOCK_ANCHORS)
-        ids = heads.to_draft_ids(tb.input_ids[rows[:, None], pos])  # (N, bs-1) -1 outside the draft vocabulary
-        return calibration_sums([logits[:, j] for j in range(ids.shape[1])], [ids[:, j] for j in range(ids.shape[1])])
-    return eagle_calibration_sums(heads, tb, heads.fuse([tb.hidden[i] for i in heads.feature_layers]), depth)
-
-
-BLOCK_ANCHORS = 64  # DFlash blocks per row measured (the default dflash.eval_anchors)
-
-
-def calibration_rows(data: str | Path, layers: Sequence[int], max_rows: int | None) -> Any:
-    """Rows of a distilled dataset (Arrow) or of a features folder, at most ``max_rows``."""
-    from ..data.features import MANIFEST, FeatureStore
-    from .batch import stored_keys
-    from .rows import FeatureRows, load_rows
-
-    path = Path(data).expanduser()
-    if (path / MANIFEST).is_file():
-        rows: Any = FeatureRows(FeatureStore(str(path)), stored_keys(layers, False))
-    else:
-        rows = load_rows(str(path))
-    n = len(rows) if max_rows is None else min(max_rows, len(rows))
-    return rows.select(list(range(n)))
-
-
-@torch.no_grad()
-def fit_calibration(heads: nn.Module, target: nn.Module, data: str | Path, depth: int = 5,
-                    max_rows: int | None = 64, batch_size: int = 4, max_length: int | None = 1024) -> dict[str, Any]:
-    """Fit per-depth temperatures for existing heads, without training: the eval path's sums on
-    ``data`` (a distilled dataset, or a features folder of the same target), summarised. Returns
-    ``calibration_metadata`` with ``summary`` (the per-depth numbers) added. ``depth``: EAGLE chain
-    steps measured (Medusa: one per head)."""
-    from .batch import collate, collate_features, stored_batch, target_batch
-    from .rows import FeatureRows
-
-    layers = [-1] if not hasattr(heads, "feature_layers") else list(heads.feature_layers)
-    rows = calibration_rows(data, layers, max_rows)
-    was_training = heads.training
-    heads.eval()  # the decoder's distribution: the draft vocabulary
-    head = target.get_output_embeddings().weight
-    totals: dict[str, Tensor] = {}
-    try:
-        for i in range(0, len(rows), batch_size):
-            chunk = [rows[j] for j in range(i, min(i + batch_size, len(rows)))]
-            if isinstance(rows, FeatureRows):
-                tb = stored_batch(collate_features(chunk, max_length=max_length), layers, None, head.device, head.dtype)
-            else:
-                tb = target_batch(target, collate(chunk, max_length=max_length), layers, need_logits=False)
-            for k, v in heads_calibration_sums(heads, tb, depth).items():
-                totals[k] = totals[k] + v if k in totals else v
-    finally:
-        heads.train(was_training)
-    if not totals:
-        raise ValueError(f"{data}: no rows to fit the calibration on")
-    summary = summarize_calibration({k: v.cpu() for k, v in totals.items()})
-    return calibration_metadata(summary, fitted_on=str(data)) | {"summary": summary}

@@ -4,14 +4,20 @@ which run the folder belongs to."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from ..config import to_dict
 from ..errors import HeadwayError
 from ..publish import publish, umask_mode, write_text
+from .config import TrainConfig
+from .contracts import CONTRACTS
+from .errors import TrainError
 from .metrics import json_safe
 
 STATE = "trainer_state.json"  # written last, inside the .tmp folder, before the rename
@@ -104,12 +110,74 @@ def folder_run(output_dir: str | Path) -> dict[str, Any] | None:
     return read_state(done[-1][1]).get("run") if done else None
 
 
-def run_difference(saved: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """``'key' was X, now Y`` for the first setting of ``now`` that ``saved`` records otherwise, or None."""
+COMMON_RUN_KEYS = ("kind", "target", "data", "features", "seed", "max_steps", "epochs", "max_length", "optim",
+                   "group_by_length")
+
+
+def run_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
+    """The settings a resumed run must share with the checkpoint: what every kind trains on, and
+    the option sections of this kind (its contract's); logging and saving may change."""
+    d = to_dict(cfg)
+    return {k: d[k] for k in (*COMMON_RUN_KEYS, *CONTRACTS[cfg.kind].sections)}
+
+
+def run_difference(saved: dict[str, Any], now: dict[str, Any], defaults: dict[str, Any] | None = None,
+                   prefix: str = "") -> str | None:
+    """``'key' was X, now Y`` for the first setting of ``now`` that ``saved`` records otherwise, or None.
+
+    Option sections are compared key by key. A section ``saved`` lacks is not compared (a run.json
+    written before the section was fingerprinted); a key a saved section lacks (an option added
+    since) must have its default, which is what that run trained with."""
+    defaults = section_defaults() if defaults is None else defaults
     for key, value in now.items():
-        if key in saved and saved[key] != value:
-            return f"'{key}' was {saved[key]!r}, now {value!r}"
+        if isinstance(value, dict) and isinstance(saved.get(key), dict):
+            diff = run_difference(saved[key], value, defaults.get(key) or {}, f"{prefix}{key}.")
+            if diff:
+                return diff
+            continue
+        was = saved[key] if key in saved else (defaults.get(key, value) if prefix else value)
+        if was != value:
+            return f"'{prefix}{key}' was {was!r}, now {value!r}"
     return None
+
+
+def section_defaults() -> dict[str, Any]:
+    """Every option section of ``TrainConfig`` with its defaults (``{"optim": {...}, "eagle": {...}}``)."""
+    return {f.name: to_dict(f.default_factory()) for f in dataclasses.fields(TrainConfig)
+            if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory)}
+
+
+def check_resumable(state: dict[str, Any], fingerprint: dict[str, Any], global_batch: int, where: Path) -> None:
+    if state.get("global_batch", global_batch) != global_batch:
+        raise TrainError(f"cannot resume from {where}: it was trained with a global batch of {state['global_batch']} "
+                         f"rows, this run has {global_batch} (batch_size x processes x grad_accum)")
+    diff = run_difference(state.get("run", {}), fingerprint)
+    if diff:
+        raise TrainError(f"cannot resume from {where}: {diff}; use the same settings or a new output_dir")
+
+
+def check_run_folder(output_dir: str | Path, fingerprint: dict[str, Any], overwrite: bool = False) -> None:
+    """A run folder belongs to one run: refuse an output_dir holding a run of other settings
+    (checkpoints, log and heads of two runs would mix), saying how to start fresh or resume."""
+    saved = None if overwrite else folder_run(output_dir)
+    diff = run_difference(saved, fingerprint) if saved else None
+    if diff:
+        raise TrainError(f"output_dir {output_dir} holds another run ({diff}); start fresh with a new output_dir "
+                         "or overwrite=true (deletes its checkpoints, log and final heads), or continue that run "
+                         "with its own settings and resume_from=latest")
+
+
+def claim_run_folder(output_dir: str | Path, fingerprint: dict[str, Any], overwrite: bool,
+                     hold: contextlib.ExitStack) -> None:
+    """Main process, before anything is written: lock output_dir for this process (a second
+    writer fails at once), check it holds no other run, and clear it on overwrite."""
+    from ..locking import output_lock
+
+    out = Path(output_dir)
+    hold.enter_context(output_lock(out, TrainError))
+    check_run_folder(out, fingerprint, overwrite)
+    if overwrite:
+        clear_run(out)
 
 
 def write_run(output_dir: str | Path, run: dict[str, Any]) -> None:

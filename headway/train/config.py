@@ -7,35 +7,16 @@ this file carries what each key means. Every key can be overridden on the comman
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
 
-from ..config import ConfigError, check_choice, opt
+from ..config import check_choice, check_numbers, opt
 from ..target import TargetArgs
+from .contracts import CONTRACTS, KINDS, DFlashOptions, EagleOptions, LoraOptions, MedusaOptions
 
-KINDS = ("medusa", "medusa2", "eagle1", "eagle3", "dflash")
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")  # headway/train/optim.py
 PRECISIONS = ("no", "bf16", "fp16", "auto")
 TRACKERS = ("none", "wandb", "tensorboard")
-
-# rule text -> test; a value of None (an unset optional) passes every rule
-RULES: dict[str, Callable[[float], bool]] = {
-    "> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, ">= 1": lambda x: x >= 1,
-    "in [0, 1)": lambda x: 0 <= x < 1, "in [0, 1]": lambda x: 0 <= x <= 1,
-}
-
-
-def check_numbers(section: Any, prefix: str, rules: dict[str, str]) -> None:
-    """Refuse NaN, infinity and out-of-range numbers at config load, naming the key and its rule
-    (a NaN lr would otherwise train silently to NaN heads). List values are checked item by item."""
-    for name, rule in rules.items():
-        value = getattr(section, name)
-        for x in value if isinstance(value, (list, tuple)) else [value]:
-            if x is not None and (isinstance(x, bool) or not math.isfinite(x) or not RULES[rule](x)):
-                what = "a finite number " if isinstance(x, float) else ""
-                raise ConfigError(f"'{prefix}{name}' must be {what}{rule}, got {value!r}")
 
 
 @dataclass
@@ -68,141 +49,9 @@ class OptimConfig:
 
 
 @dataclass
-class MedusaOptions:
-    num_heads: int = opt(5, "number of Medusa heads; head k predicts token t+k+2")
-    num_layers: int = opt(1, "ResBlocks per head")
-    own_lm_head: bool = opt(True, "each head gets its own vocab projection initialised from the target's "
-                                  "lm_head; false shares (and freezes) the target's lm_head")
-    decay: float = opt(0.8, "head k's loss weight is decay**k")
-    kl_weight: float = opt(0.0, "weight of KL(target's distribution at t+k+1 || head k) added to the hard-label "
-                                "cross-entropy; 0 trains on hard labels only")
-    topk: int = opt(5, "k of the top-k accuracy reported at evaluation")
-    draft_vocab_size: int | None = opt(None, "reduced draft vocabulary: each head's own lm_head covers only the N "
-                                             "most frequent answer tokens of the training data (labels outside "
-                                             "it are ignored); needs own_lm_head; None = full target vocabulary")
-
-    def __post_init__(self) -> None:
-        check_numbers(self, "medusa.", {"num_heads": ">= 1", "num_layers": ">= 0", "decay": "> 0",
-                                        "kl_weight": ">= 0", "topk": ">= 1"})
-        if self.draft_vocab_size is not None and not self.own_lm_head:
-            raise ValueError("medusa.draft_vocab_size needs medusa.own_lm_head=true (the shared target lm_head "
-                             "covers the full vocabulary)")
-        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
-            raise ValueError(f"medusa.draft_vocab_size must be positive, got {self.draft_vocab_size}")
-
-
-@dataclass
-class LoraOptions:
-    """Medusa-2: the target is adapted jointly with the heads through a LoRA adapter (peft)."""
-
-    r: int = opt(16, "LoRA rank")
-    alpha: int = opt(32, "LoRA alpha (scale = alpha / r)")
-    dropout: float = opt(0.0, "LoRA dropout")
-    target_modules: list[str] = opt(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                             "up_proj", "down_proj"],
-                                    help="module names to adapt ('all-linear' = every linear but the lm_head)")
-    quality_loss: str = opt("kl", "what keeps the adapted target's quality: 'kl' to the frozen target's "
-                                  "distribution, or 'lm' (next-token cross-entropy on the data)",
-                            choices=("kl", "lm"))
-    quality_weight: float = opt(1.0, "weight of the quality term relative to the heads' loss")
-    heads_weight: float = opt(0.2, "weight of the heads' loss once warmed up (Medusa-2's lambda_0)")
-    heads_only_steps: int = opt(0, "steps at the start where the quality term has weight 0 and the adapter does "
-                                   "not move (lr 0): the heads warm up on the frozen target first")
-    ramp_steps: int = opt(0, "steps over which the quality-term weight ramps linearly from 0 to quality_weight "
-                             "after heads_only_steps")
-
-    def __post_init__(self) -> None:
-        check_choice(self.quality_loss, ("kl", "lm"), "lora.quality_loss")
-        check_numbers(self, "lora.", {"r": ">= 1", "alpha": "> 0", "dropout": "in [0, 1)", "quality_weight": ">= 0",
-                                      "heads_weight": ">= 0", "heads_only_steps": ">= 0", "ramp_steps": ">= 0"})
-
-
-@dataclass
-class EagleOptions:
-    """EAGLE-1 / EAGLE-3 training options (owned by headway/train/eagle.py; see design.md §3)."""
-
-    ttt_steps: int = opt(7, "EAGLE-3 training-time-test unroll depth")
-    step_decay: float = opt(0.8, "EAGLE-3: unrolled step j's loss weight is step_decay**j")
-    hard_weight: float = opt(0.0, "EAGLE-3: weight of an extra cross-entropy to the target's argmax (helps greedy "
-                                  "acceptance when the target's distribution is flat)")
-    draft_vocab_size: int | None = opt(None, "reduced draft vocabulary (most frequent answer tokens of the "
-                                             "training data); None = full target vocabulary. EAGLE-3: the size of "
-                                             "its own lm_head; EAGLE-1: decoding projects onto only these rows of "
-                                             "the target's lm_head (training still fits the full vocabulary)")
-    aux_layers: list[int] = opt(default_factory=list, help="EAGLE-3 fused target layers as HF hidden-state indices; "
-                                                           "empty = (2, L//2, L-3)")
-    init_layer: int | None = opt(None, "EAGLE-3: start the drafter's layer as a copy of this target decoder layer "
-                                       "(0-based; -1 = last), fc as a pass-through of the deepest fused layer and "
-                                       "norm as the target's final norm; None = random init")
-    # speculators' three EAGLE-3 norm options (its trainer turns them all on); vLLM computes each of them
-    # (checks/vllm_parity.py); SGLang and TensorRT-LLM exports refuse drafters trained with any
-    norm_output: bool = opt(False, "EAGLE-3: feed each unrolled step the normed state (speculators' 'EAGLE 3.1' "
-                                   "option): +0.06 held-out tau on SmolLM2 at 1,536 answers")
-    norm_before_fc: bool = opt(False, "EAGLE-3: an RMSNorm over the concatenated target states before fc "
-                                      "(speculators' option)")
-    norm_before_residual: bool = opt(False, "EAGLE-3: the drafter layer's residual is the normed hidden state "
-                                            "(speculators' option)")
-    argmax_from: str = opt("logits", "EAGLE-3 (and EAGLE-1's accuracy metric): where training reads the target's "
-                                     "argmax (the hard label, and which positions the draft vocabulary can "
-                                     "express): logits = the target's full-"
-                                     "vocabulary projection, exact; data = the data's next token, for data the target "
-                                     "distilled greedily (checked; they agree at ~99.9% of positions): offline, only "
-                                     "the draft vocabulary's rows of the lm_head are then projected (SmolLM2: ~1.4x faster "
-                                     "steps). Evaluation always reads the logits",
-                           choices=("logits", "data"))
-    feature_weight: float = opt(1.0, "EAGLE-1 SmoothL1 feature-regression weight")
-    ce_weight: float = opt(0.1, "EAGLE-1 soft cross-entropy weight")
-    noise: float = opt(0.2, "EAGLE-1 uniform noise width on input features (U(-noise/2, noise/2))")
-    fc_bias: bool = opt(False, "bias on fc (vLLM's EAGLE-1 has none)")
-
-    def __post_init__(self) -> None:
-        check_numbers(self, "eagle.", {"ttt_steps": ">= 1", "step_decay": "> 0", "hard_weight": ">= 0",
-                                       "draft_vocab_size": ">= 1", "aux_layers": ">= 0", "feature_weight": ">= 0",
-                                       "ce_weight": ">= 0", "noise": ">= 0"})
-
-
-@dataclass
-class DFlashOptions:
-    """DFlash block-drafter training options (owned by headway/train/dflash.py)."""
-
-    block_size: int = opt(8, "tokens per block: the anchor plus block_size - 1 drafts (the decoder's deepest draft)")
-    num_layers: int = opt(1, "draft decoder layers")
-    aux_layers: list[int] = opt(default_factory=list, help="fused target layers as HF hidden-state indices; empty = "
-                                                           "5 spread over the depth (headway features --layers dflash)")
-    mask_token_id: int | None = opt(None, "target token whose embedding fills the drafted slots; None = the least "
-                                          "used token of the training answers")
-    draft_vocab_size: int | None = opt(None, "own lm_head over the N most frequent answer tokens (initialised from "
-                                             "the target's rows, trained); None = the target's lm_head, shared")
-    anchors: int = opt(32, "blocks sampled per row per step (answer positions, seeded by step and batch)")
-    eval_anchors: int = opt(64, "blocks per row at evaluation (the earliest whose slots are all answer tokens)")
-    gamma: float = opt(4.0, "slot k's loss weight is exp(-(k-1)/gamma)")
-    hard_weight: float = opt(0.0, "weight of an extra cross-entropy to the target's argmax")
-    qk_norm: bool = opt(True, "per-head q/k RMSNorm (Qwen3-style, as vLLM's DFlash layers)")
-    correction_rank: int = opt(0, "state size of a path correction trained with the block (after Domino): a GRU "
-                                  "over the drafted tokens adds to each slot's logits, so a slot's draft depends "
-                                  "on the tokens drafted before it; 0 = plain DFlash. Engines cannot serve it "
-                                  "(export refuses); headway's decoder runs it exactly")
-    init_layer: int | None = opt(None, "start every draft layer as a copy of this target decoder layer (0-based; "
-                                       "-1 = last), fc as a pass-through of the deepest fused layer and norm as "
-                                       "the target's final norm; None = random init")
-    argmax_from: str = opt("logits", "where training reads the target's argmax: logits, or data (greedy-distilled "
-                                     "data only; offline, only the draft vocabulary's lm_head rows are projected)",
-                           choices=("logits", "data"))
-
-    def __post_init__(self) -> None:
-        check_choice(self.argmax_from, ("logits", "data"), "dflash.argmax_from")
-        check_numbers(self, "dflash.", {"block_size": ">= 1", "num_layers": ">= 1", "aux_layers": ">= 0",
-                                        "mask_token_id": ">= 0", "draft_vocab_size": ">= 1", "anchors": ">= 1",
-                                        "eval_anchors": ">= 1", "gamma": "> 0", "hard_weight": ">= 0",
-                                        "correction_rank": ">= 0"})
-        if self.block_size < 2:
-            raise ConfigError(f"'dflash.block_size' must be >= 2 (the anchor and a draft), got {self.block_size}")
-
-
-@dataclass
 class TrainConfig(TargetArgs):
-    kind: str = opt("medusa", "what to train: medusa (Medusa-1, frozen target), medusa2 (heads + LoRA on the "
-                              "target), eagle1, eagle3, dflash (block drafter)", choices=KINDS)
+    kind: str = opt("medusa", "what to train: " + "; ".join(f"{c.kind} ({c.summary})" for c in CONTRACTS.values()),
+                    choices=KINDS)
     data: str = opt("", "distilled dataset folder (datasets Arrow with input_ids and loss_mask)")
     eval_data: str | None = opt(None, "held-out distilled dataset; None = split eval_fraction off `data`")
     eval_fraction: float = opt(0.05, "fraction of `data` (or of `features`' rows) held out for evaluation when "
@@ -260,12 +109,12 @@ class TrainConfig(TargetArgs):
         check_choice(self.kind, KINDS, "kind")
         check_choice(self.mixed_precision, PRECISIONS, "mixed_precision")
         check_choice(self.report_to, TRACKERS, "report_to")
-        if self.init_from and self.eagle.init_layer is not None and self.kind == "eagle3":
-            raise ConfigError("init_from and eagle.init_layer both set the drafter's first weights; drop one")
-        if self.init_from and self.dflash.init_layer is not None and self.kind == "dflash":
-            raise ConfigError("init_from and dflash.init_layer both set the drafter's first weights; drop one")
+        CONTRACTS[self.kind].check(self)
         check_numbers(self, "", {"eval_fraction": "in [0, 1)", "max_length": ">= 1", "max_steps": ">= 1",
                                  "epochs": "> 0", "stop_after": ">= 1", "batch_size": ">= 1", "grad_accum": ">= 1",
                                  "group_by_length": ">= 0",
                                  "save_every": ">= 0", "keep_checkpoints": ">= 0", "log_every": ">= 1",
                                  "eval_every": ">= 0", "eval_max_batches": ">= 1", "num_workers": ">= 0"})
+
+
+__all__ = ["KINDS", "DFlashOptions", "EagleOptions", "LoraOptions", "MedusaOptions", "OptimConfig", "TrainConfig"]

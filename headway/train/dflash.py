@@ -98,6 +98,7 @@ def block_eval_sums(drafter: DFlashDrafter, tb: TargetBatch, context: Tensor, ta
             "top1_hits": (draft == data).sum(0).float(), "starts": ones.sum().float().reshape(1), **calib}
 
 
+BLOCK_ANCHORS = 64  # DFlash blocks per row a calibration measures (the default dflash.eval_anchors)
 _COPIED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
            "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")
 
@@ -173,6 +174,15 @@ class DFlashTask(_EagleTask):
         anchors, valid = self.anchors(tb, step)
         return dflash_loss(heads, tb.input_ids, self.hidden(heads, tb), logits, top, tb.loss_mask, anchors, valid,
                            gamma=self.opts.gamma, hard_weight=self.opts.hard_weight)
+
+    @staticmethod
+    def calibration_sums(heads: HeadsBase, tb: TargetBatch, depth: int) -> dict[str, Tensor]:
+        """The ``calib_*`` sums alone (``calibrate.fit_calibration``): slot k is depth k, at the blocks
+        evaluation drafts (``depth`` is the block's, not asked)."""
+        context = heads.fuse([tb.hidden[i] for i in heads.feature_layers])
+        logits, rows, pos = block_predictions(heads, tb.input_ids, tb.loss_mask, context, BLOCK_ANCHORS)
+        ids = heads.to_draft_ids(tb.input_ids[rows[:, None], pos])  # (N, bs-1) -1 outside the draft vocabulary
+        return calibration_sums([logits[:, j] for j in range(ids.shape[1])], [ids[:, j] for j in range(ids.shape[1])])
 
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
         top = tb.top if tb.top is not None else tb.logits.argmax(-1)  # (B, T) the target's argmax

@@ -184,6 +184,11 @@ class _EagleTask:
         return eval_sums(heads, tb, self.hidden(heads, tb), self.eval_depth)
 
     @staticmethod
+    def calibration_sums(heads: HeadsBase, tb: TargetBatch, depth: int) -> dict[str, Tensor]:
+        """The ``calib_*`` sums of ``eval_stats`` alone (``calibrate.fit_calibration``)."""
+        return eagle_calibration_sums(heads, tb, heads.fuse([tb.hidden[i] for i in heads.feature_layers]), depth)
+
+    @staticmethod
     def with_vocab_stats(stats: dict[str, Tensor], heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]:
         """``stats`` plus the held-out answer tokens a reduced draft vocabulary can express."""
         if getattr(heads, "has_draft_vocab", False):

@@ -14,13 +14,26 @@ the heads (FSDP, ZeRO-3) are refused in ``check_optimizer``.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from .config import OptimConfig
 
 ADAMW_NAME_HINTS = ("lm_head", "embed")  # vocabulary-sized matrices stay on AdamW
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # quintic iteration, steep at zero (Keller Jordan's Muon)
+
+
+@dataclass
+class ParamGroup:
+    """A task's parameters that share a learning rate (``Task.param_groups``)."""
+
+    name: str
+    params: list[nn.Parameter]
+    lr_mult: float = 1.0  # this group's lr = optim.lr * lr_mult
+    start_step: int = 0  # lr is 0 before this optimiser step (Medusa-2's heads-only warm-up)
 
 
 def muon_eligible(name: str, p: Tensor) -> bool:
@@ -90,3 +103,49 @@ class MuonAdamW(torch.optim.Optimizer):
                 p.mul_(1 - lr * wd)
                 p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - b1 ** t))
         return loss
+
+
+def lr_factor(step: int, total: int, o: OptimConfig) -> float:
+    """Multiplier on the peak lr at optimiser step ``step`` (0-based): linear warm-up, then decay.
+
+    Kept instead of ``transformers.get_scheduler``: its warm-up starts at lr 0 (step 0 trains
+    nothing), "linear" has no floor (min_lr_ratio), "cosine_warmup_with_min_lr" decays one step
+    ahead, and one schedule serves all param groups (Medusa-2's LoRA starts at ``start_step``).
+    After the warm-up, cosine equals its "cosine_with_min_lr" (tests/test_train_losses.py)."""
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    if o.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+    if o.schedule == "linear":
+        return 1.0 - (1.0 - o.min_lr_ratio) * progress
+    return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(groups: list[ParamGroup], o: OptimConfig, names: dict[int, str] | None = None
+                   ) -> torch.optim.Optimizer:
+    """Per ParamGroup: decayed matrices and undecayed biases / norms on AdamW; with ``optim.name: muon``
+    the hidden matrices (``muon_eligible`` by ``names``: id(param) -> name) go to a third group, on Muon."""
+    names, on_muon = names or {}, o.name == "muon"
+    pgs = []
+    for g in groups:
+        muon = [p for p in g.params if on_muon and muon_eligible(names.get(id(p), ""), p)]
+        taken = {id(p) for p in muon}
+        decay = [p for p in g.params if p.ndim >= 2 and id(p) not in taken]
+        no_decay = [p for p in g.params if p.ndim < 2]
+        parts = [(decay, o.weight_decay, False), (no_decay, 0.0, False)] + ([(muon, o.muon_weight_decay, True)]
+                                                                            if muon else [])
+        for ps, wd, is_muon in parts:  # extra keys ride along in the groups; AdamW ignores "muon"
+            pgs.append({"params": ps, "lr": o.lr * g.lr_mult, "weight_decay": wd, "name": g.name,
+                        "start_step": g.start_step, "muon": is_muon})
+    if on_muon:
+        return MuonAdamW(pgs, lr=o.lr, betas=tuple(o.betas), eps=o.eps, momentum=o.muon_momentum)
+    return torch.optim.AdamW(pgs, lr=o.lr, betas=tuple(o.betas), eps=o.eps)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, total: int, o: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(start: int) -> Callable[[int], float]:
+        return lambda step: 0.0 if step < start else lr_factor(step, total, o)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, [factor(g["start_step"]) for g in optimizer.param_groups])
+

@@ -1,9 +1,10 @@
-"""What differs between head kinds in training: a small ``Task`` interface the one loop drives.
+"""What differs between head kinds in training: a small ``Task`` interface the one recipe drives.
 
 The interface (the EAGLE tasks in ``headway/train/eagle.py`` implement the same one)
 ---------------------------------------------------------------------------------
-The loop (``headway/train/loop.py``) owns data, the frozen target, accelerate, optimiser,
-schedule, checkpoints, trackers and evaluation. Each step it runs the target once
+The recipe (``headway/train/recipe.py``) owns data, the frozen target, accelerate, optimiser,
+schedule, checkpoints, trackers and evaluation; the kind's ``Contract`` (``contracts.py``) says
+which options, features and target limits it has. Each step it runs the target once
 (``headway.train.batch.target_batch``) -- or, offline (``features=DIR``), reads the stored
 states and applies only the target's lm_head (``stored_batch``) -- and hands the task a
 ``TargetBatch`` (defined in ``headway/train/batch.py``, re-exported here)::
@@ -36,6 +37,7 @@ states and applies only the target's lm_head (``stored_batch``) -- and hands the
                                                     #   no .item() (the loop syncs at log_every)
         def eval_stats(self, heads, tb) -> dict[str, Tensor]   # *sums* over the batch (fixed shapes);
                                                     #   the loop adds them over batches and processes
+        def calibration_sums(heads, tb, depth)  # staticmethod: eval_stats' calib_* sums alone (tune)
         def summarize(self, stats) -> dict[str, Any]           # summed stats -> floats for card / log
                                                     #   (must include "tau": simulated chain acceptance)
         def save(self, heads, target, out_dir) -> None         # final artefacts: heads.save_pretrained(out_dir)
@@ -46,12 +48,12 @@ states and applies only the target's lm_head (``stored_batch``) -- and hands the
 parameter must take part in each step's graph (a zero weight is fine). ``eval_stats`` runs
 on the unwrapped module under no_grad, each process on its own share of the held-out rows.
 ``TASKS`` (``headway/train/registry.py``) is the one table of kind -> class: the Medusa tasks
-here, the EAGLE tasks in ``eagle.py``; a new head kind adds its task there.
+here, the EAGLE tasks in ``eagle.py``; a new head kind adds its task there and its contract in
+``contracts.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,14 +68,7 @@ from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, in_draft_vocab
 from .losses import IGNORE_INDEX, kl_to_target, medusa_labels, medusa_loss, next_token_loss
 from .metrics import draft_vocab_stats, medusa_eval_stats, summarize_heads
-
-
-@dataclass
-class ParamGroup:
-    name: str
-    params: list[nn.Parameter]
-    lr_mult: float = 1.0  # this group's lr = optim.lr * lr_mult
-    start_step: int = 0  # lr is 0 before this optimiser step (Medusa-2's heads-only warm-up)
+from .optim import ParamGroup
 
 
 class Task(Protocol):
@@ -86,6 +81,8 @@ class Task(Protocol):
     def param_groups(self, heads: HeadsBase, target: nn.Module) -> list[ParamGroup]: ...
     def loss(self, heads: HeadsBase, tb: TargetBatch, step: int) -> tuple[Tensor, dict[str, Tensor]]: ...
     def eval_stats(self, heads: HeadsBase, tb: TargetBatch) -> dict[str, Tensor]: ...
+    @staticmethod
+    def calibration_sums(heads: HeadsBase, tb: TargetBatch, depth: int) -> dict[str, Tensor]: ...
     def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]: ...
     def save(self, heads: HeadsBase, target: nn.Module, out_dir: Path) -> None: ...
 
@@ -157,6 +154,12 @@ class MedusaTask:
         if heads.has_draft_vocab:
             stats.update(draft_vocab_stats(heads.t2d, tb.input_ids, tb.loss_mask))
         return stats
+
+    @staticmethod
+    def calibration_sums(heads: HeadsBase, tb: TargetBatch, depth: int) -> dict[str, Tensor]:
+        """The ``calib_*`` sums of ``eval_stats`` alone (``calibrate.fit_calibration``): head k is depth k+1."""
+        labels = medusa_labels(tb.input_ids, tb.loss_mask, heads.config.num_heads)
+        return medusa_calibration_sums(heads(tb.hidden[-1]), in_draft_vocab(heads, labels, missing=-1), IGNORE_INDEX)
 
     def summarize(self, stats: dict[str, Tensor]) -> dict[str, Any]:
         out = summarize_heads(stats, self.opts.topk)

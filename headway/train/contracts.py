@@ -1,0 +1,297 @@
+"""Head kinds as contracts: what each ``kind:`` of ``headway train`` needs, reads and promises.
+
+A contract is data, written once per kind, and everything about a run that depends on the kind is
+derived from it: the run fingerprint a resumed run must match (``checkpoints.run_fingerprint``),
+the option sections recorded on the model card, which stored features an offline run needs and
+whether it can run offline at all, and the limits the target sets on the options (checked before
+anything is written). The option sections themselves are declared here too, beside the contract
+that names them. This module imports no torch: ``headway train --help`` reads it.
+
+A new head kind is:
+  1. its option section (a dataclass here, a field of ``TrainConfig``) and its ``Contract`` below;
+  2. its ``Task`` (the loss and evaluation, ``tasks.py`` describes the interface) in ``TASKS``
+     (``registry.py``), and its heads in ``headway/heads``.
+``tests/test_train_contracts.py`` checks that every kind has all of these and that every option
+its task reads is part of the run fingerprint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..config import ConfigError, check_choice, check_numbers, opt
+from ..feature_layers import dflash_layers, eagle3_layers
+
+ARGMAX_FROM = ("logits", "data")
+
+
+# -- option sections --------------------------------------------------------------------------------
+@dataclass
+class MedusaOptions:
+    num_heads: int = opt(5, "number of Medusa heads; head k predicts token t+k+2")
+    num_layers: int = opt(1, "ResBlocks per head")
+    own_lm_head: bool = opt(True, "each head gets its own vocab projection initialised from the target's "
+                                  "lm_head; false shares (and freezes) the target's lm_head")
+    decay: float = opt(0.8, "head k's loss weight is decay**k")
+    kl_weight: float = opt(0.0, "weight of KL(target's distribution at t+k+1 || head k) added to the hard-label "
+                                "cross-entropy; 0 trains on hard labels only")
+    topk: int = opt(5, "k of the top-k accuracy reported at evaluation")
+    draft_vocab_size: int | None = opt(None, "reduced draft vocabulary: each head's own lm_head covers only the N "
+                                             "most frequent answer tokens of the training data (labels outside "
+                                             "it are ignored); needs own_lm_head; None = full target vocabulary")
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "medusa.", {"num_heads": ">= 1", "num_layers": ">= 0", "decay": "> 0",
+                                        "kl_weight": ">= 0", "topk": ">= 1", "draft_vocab_size": ">= 1"})
+        if self.draft_vocab_size is not None and not self.own_lm_head:
+            raise ConfigError("medusa.draft_vocab_size needs medusa.own_lm_head=true (the shared target lm_head "
+                              "covers the full vocabulary)")
+
+
+@dataclass
+class LoraOptions:
+    """Medusa-2: the target is adapted jointly with the heads through a LoRA adapter (peft)."""
+
+    r: int = opt(16, "LoRA rank")
+    alpha: int = opt(32, "LoRA alpha (scale = alpha / r)")
+    dropout: float = opt(0.0, "LoRA dropout")
+    target_modules: list[str] = opt(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                             "up_proj", "down_proj"],
+                                    help="module names to adapt ('all-linear' = every linear but the lm_head)")
+    quality_loss: str = opt("kl", "what keeps the adapted target's quality: 'kl' to the frozen target's "
+                                  "distribution, or 'lm' (next-token cross-entropy on the data)",
+                            choices=("kl", "lm"))
+    quality_weight: float = opt(1.0, "weight of the quality term relative to the heads' loss")
+    heads_weight: float = opt(0.2, "weight of the heads' loss once warmed up (Medusa-2's lambda_0)")
+    heads_only_steps: int = opt(0, "steps at the start where the quality term has weight 0 and the adapter does "
+                                   "not move (lr 0): the heads warm up on the frozen target first")
+    ramp_steps: int = opt(0, "steps over which the quality-term weight ramps linearly from 0 to quality_weight "
+                             "after heads_only_steps")
+
+    def __post_init__(self) -> None:
+        check_choice(self.quality_loss, ("kl", "lm"), "lora.quality_loss")
+        check_numbers(self, "lora.", {"r": ">= 1", "alpha": "> 0", "dropout": "in [0, 1)", "quality_weight": ">= 0",
+                                      "heads_weight": ">= 0", "heads_only_steps": ">= 0", "ramp_steps": ">= 0"})
+
+
+@dataclass
+class EagleOptions:
+    """EAGLE-1 / EAGLE-3 training options (owned by headway/train/eagle.py; see design.md §3)."""
+
+    ttt_steps: int = opt(7, "EAGLE-3 training-time-test unroll depth")
+    step_decay: float = opt(0.8, "EAGLE-3: unrolled step j's loss weight is step_decay**j")
+    hard_weight: float = opt(0.0, "EAGLE-3: weight of an extra cross-entropy to the target's argmax (helps greedy "
+                                  "acceptance when the target's distribution is flat)")
+    draft_vocab_size: int | None = opt(None, "reduced draft vocabulary (most frequent answer tokens of the "
+                                             "training data); None = full target vocabulary. EAGLE-3: the size of "
+                                             "its own lm_head; EAGLE-1: decoding projects onto only these rows of "
+                                             "the target's lm_head (training still fits the full vocabulary)")
+    aux_layers: list[int] = opt(default_factory=list, help="EAGLE-3 fused target layers as HF hidden-state indices, "
+                                                           "strictly increasing; empty = (2, L//2, L-3)")
+    init_layer: int | None = opt(None, "EAGLE-3: start the drafter's layer as a copy of this target decoder layer "
+                                       "(0-based; -1 = last), fc as a pass-through of the deepest fused layer and "
+                                       "norm as the target's final norm; None = random init")
+    # speculators' three EAGLE-3 norm options (its trainer turns them all on); vLLM computes each of them
+    # (checks/vllm_parity.py); SGLang and TensorRT-LLM exports refuse drafters trained with any
+    norm_output: bool = opt(False, "EAGLE-3: feed each unrolled step the normed state (speculators' 'EAGLE 3.1' "
+                                   "option): +0.06 held-out tau on SmolLM2 at 1,536 answers")
+    norm_before_fc: bool = opt(False, "EAGLE-3: an RMSNorm over the concatenated target states before fc "
+                                      "(speculators' option)")
+    norm_before_residual: bool = opt(False, "EAGLE-3: the drafter layer's residual is the normed hidden state "
+                                            "(speculators' option)")
+    argmax_from: str = opt("logits", "EAGLE-3 (and EAGLE-1's accuracy metric): where training reads the target's "
+                                     "argmax (the hard label, and which positions the draft vocabulary can "
+                                     "express): logits = the target's full-"
+                                     "vocabulary projection, exact; data = the data's next token, for data the target "
+                                     "distilled greedily (checked; they agree at ~99.9% of positions): offline, only "
+                                     "the draft vocabulary's rows of the lm_head are then projected (SmolLM2: ~1.4x faster "
+                                     "steps). Evaluation always reads the logits",
+                           choices=ARGMAX_FROM)
+    feature_weight: float = opt(1.0, "EAGLE-1 SmoothL1 feature-regression weight")
+    ce_weight: float = opt(0.1, "EAGLE-1 soft cross-entropy weight")
+    noise: float = opt(0.2, "EAGLE-1 uniform noise width on input features (U(-noise/2, noise/2))")
+    fc_bias: bool = opt(False, "bias on fc (vLLM's EAGLE-1 has none)")
+
+    def __post_init__(self) -> None:
+        check_choice(self.argmax_from, ARGMAX_FROM, "eagle.argmax_from")
+        check_numbers(self, "eagle.", {"ttt_steps": ">= 1", "step_decay": "> 0", "hard_weight": ">= 0",
+                                       "draft_vocab_size": ">= 1", "aux_layers": ">= 0", "feature_weight": ">= 0",
+                                       "ce_weight": ">= 0", "noise": ">= 0"})
+        check_increasing(self.aux_layers, "eagle.aux_layers")
+
+
+@dataclass
+class DFlashOptions:
+    """DFlash block-drafter training options (owned by headway/train/dflash.py)."""
+
+    block_size: int = opt(8, "tokens per block: the anchor plus block_size - 1 drafts (the decoder's deepest draft)")
+    num_layers: int = opt(1, "draft decoder layers")
+    aux_layers: list[int] = opt(default_factory=list, help="fused target layers as HF hidden-state indices, strictly "
+                                                           "increasing; empty = 5 spread over the depth (headway "
+                                                           "features --layers dflash)")
+    mask_token_id: int | None = opt(None, "target token whose embedding fills the drafted slots; None = the least "
+                                          "used token of the training answers")
+    draft_vocab_size: int | None = opt(None, "own lm_head over the N most frequent answer tokens (initialised from "
+                                             "the target's rows, trained); None = the target's lm_head, shared")
+    anchors: int = opt(32, "blocks sampled per row per step (answer positions, seeded by step and batch)")
+    eval_anchors: int = opt(64, "blocks per row at evaluation (the earliest whose slots are all answer tokens)")
+    gamma: float = opt(4.0, "slot k's loss weight is exp(-(k-1)/gamma)")
+    hard_weight: float = opt(0.0, "weight of an extra cross-entropy to the target's argmax")
+    qk_norm: bool = opt(True, "per-head q/k RMSNorm (Qwen3-style, as vLLM's DFlash layers)")
+    correction_rank: int = opt(0, "state size of a path correction trained with the block (after Domino): a GRU "
+                                  "over the drafted tokens adds to each slot's logits, so a slot's draft depends "
+                                  "on the tokens drafted before it; 0 = plain DFlash. Engines cannot serve it "
+                                  "(export refuses); headway's decoder runs it exactly")
+    init_layer: int | None = opt(None, "start every draft layer as a copy of this target decoder layer (0-based; "
+                                       "-1 = last), fc as a pass-through of the deepest fused layer and norm as "
+                                       "the target's final norm; None = random init")
+    argmax_from: str = opt("logits", "where training reads the target's argmax: logits, or data (greedy-distilled "
+                                     "data only; offline, only the draft vocabulary's lm_head rows are projected)",
+                           choices=ARGMAX_FROM)
+
+    def __post_init__(self) -> None:
+        check_choice(self.argmax_from, ARGMAX_FROM, "dflash.argmax_from")
+        check_numbers(self, "dflash.", {"block_size": ">= 1", "num_layers": ">= 1", "aux_layers": ">= 0",
+                                        "mask_token_id": ">= 0", "draft_vocab_size": ">= 1", "anchors": ">= 1",
+                                        "eval_anchors": ">= 1", "gamma": "> 0", "hard_weight": ">= 0",
+                                        "correction_rank": ">= 0"})
+        if self.block_size < 2:
+            raise ConfigError(f"'dflash.block_size' must be >= 2 (the anchor and a draft), got {self.block_size}")
+        check_increasing(self.aux_layers, "dflash.aux_layers")
+
+
+def check_increasing(layers: list[int], option: str) -> None:
+    """Fused layers are stored and exported in the order given, and engines gather them in layer
+    order: a repeated or unsorted list would make them compute something else."""
+    if any(b <= a for a, b in zip(layers, layers[1:])):
+        raise ConfigError(f"'{option}' must be strictly increasing (each layer once, in layer order), got {layers}"
+                          + (f"; did you mean {sorted(set(layers))}?" if len(set(layers)) > 1 else ""))
+
+
+# -- the contracts -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TargetShape:
+    """What the target's limits on the options are checked against (``TargetInfo``'s numbers)."""
+
+    num_hidden_layers: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What one head kind needs from a run. Every callable takes the run's ``TrainConfig``."""
+
+    kind: str
+    summary: str
+    sections: tuple[str, ...]  # option sections the kind reads: in the run fingerprint and on the model card
+    offline: bool  # trains on stored features (headway features) as well as with the target running
+    layers: Callable[[Any, int], list[int]]  # (cfg, L) -> hidden-state indices the heads read; -1 = final
+    counts_answers: Callable[[Any], bool]  # counts tokens of the training answers (a draft vocabulary, ...)
+    preset: str = "final"  # `headway features --layers` words that store what it reads by default
+    check: Callable[[Any], None] = lambda cfg: None  # rules across sections, at config load
+    check_target: Callable[[Any, TargetShape], None] = lambda cfg, shape: None  # before anything is written
+
+    def options(self, cfg: Any) -> dict[str, Any]:
+        """The option sections this kind reads, as objects (``{"eagle": cfg.eagle}``)."""
+        return {name: getattr(cfg, name) for name in self.sections}
+
+    def feature_spec(self, cfg: Any, num_hidden_layers: int) -> list[str]:
+        """The ``--layers`` of ``headway features`` this kind trains on ('final': the post-norm state)."""
+        return ["final" if i == -1 else str(i) for i in self.layers(cfg, num_hidden_layers)]
+
+
+def _vocab_within(option: str, size: int | None, shape: TargetShape) -> None:
+    if size is not None and size > shape.vocab_size:
+        raise ConfigError(f"'{option}' is {size}, more than the target's vocabulary ({shape.vocab_size} tokens)")
+
+
+def _layers_within(option: str, layers: list[int], shape: TargetShape) -> None:
+    """Hidden-state indices run 0 (embeddings) .. L (the last layer's output after the final norm)."""
+    L = shape.num_hidden_layers
+    if layers and layers[-1] > L:
+        raise ConfigError(f"'{option}' = {layers} reads hidden state {layers[-1]}, but the target has {L} layers "
+                          f"(hidden-state indices 0..{L})")
+
+
+def _decoder_layer_within(option: str, layer: int | None, shape: TargetShape) -> None:
+    L = shape.num_hidden_layers
+    if layer is not None and not -L <= layer < L:
+        raise ConfigError(f"'{option}' = {layer}, but the target has {L} decoder layers (0..{L - 1}, or -1..-{L} "
+                          "from the end)")
+
+
+def _eagle3_check(cfg: Any) -> None:
+    _one_init("eagle.init_layer")(cfg)
+    if cfg.eagle.aux_layers and len(cfg.eagle.aux_layers) != 3:
+        raise ConfigError(f"EAGLE-3 fuses exactly 3 target layers: 'eagle.aux_layers' has {cfg.eagle.aux_layers}")
+
+
+def _one_init(option: str) -> Callable[[Any], None]:
+    def check(cfg: Any) -> None:
+        section, name = option.split(".")
+        if cfg.init_from and getattr(getattr(cfg, section), name) is not None:
+            raise ConfigError(f"init_from and {option} both set the drafter's first weights; drop one")
+    return check
+
+
+def _medusa_target(cfg: Any, shape: TargetShape) -> None:
+    _vocab_within("medusa.draft_vocab_size", cfg.medusa.draft_vocab_size, shape)
+
+
+def _eagle1_target(cfg: Any, shape: TargetShape) -> None:
+    _vocab_within("eagle.draft_vocab_size", cfg.eagle.draft_vocab_size, shape)
+
+
+def _eagle3_target(cfg: Any, shape: TargetShape) -> None:
+    o = cfg.eagle
+    _vocab_within("eagle.draft_vocab_size", o.draft_vocab_size, shape)
+    _layers_within("eagle.aux_layers", o.aux_layers, shape)
+    _decoder_layer_within("eagle.init_layer", o.init_layer, shape)
+
+
+def _dflash_target(cfg: Any, shape: TargetShape) -> None:
+    o = cfg.dflash
+    _vocab_within("dflash.draft_vocab_size", o.draft_vocab_size, shape)
+    _layers_within("dflash.aux_layers", o.aux_layers, shape)
+    _decoder_layer_within("dflash.init_layer", o.init_layer, shape)
+    if o.mask_token_id is not None and o.mask_token_id >= shape.vocab_size:
+        raise ConfigError(f"'dflash.mask_token_id' is {o.mask_token_id}, but the target's vocabulary has "
+                          f"{shape.vocab_size} tokens (ids 0..{shape.vocab_size - 1})")
+    if o.block_size > cfg.max_length:  # no row holds a longer block: its slots would never be scored
+        raise ConfigError(f"'dflash.block_size' is {o.block_size}, longer than max_length ({cfg.max_length}): no "
+                          "training row can hold a block")
+
+
+def _final_only(cfg: Any, L: int) -> list[int]:
+    return [-1]
+
+
+def _eagle3_layers(cfg: Any, L: int) -> list[int]:
+    return [*(cfg.eagle.aux_layers or eagle3_layers(L)), -1]
+
+
+def _dflash_layers(cfg: Any, L: int) -> list[int]:
+    return [*(cfg.dflash.aux_layers or dflash_layers(L)), -1]
+
+
+CONTRACTS: dict[str, Contract] = {c.kind: c for c in (
+    Contract("medusa", "Medusa-1: K heads on the frozen target's final state", ("medusa",), offline=True,
+             layers=_final_only, counts_answers=lambda cfg: cfg.medusa.draft_vocab_size is not None,
+             check_target=_medusa_target),
+    Contract("medusa2", "Medusa-2: heads + a LoRA adapter on the target, trained jointly", ("medusa", "lora"),
+             offline=False,  # the adapted target's states change every step: nothing to store beforehand
+             layers=_final_only, counts_answers=lambda cfg: cfg.medusa.draft_vocab_size is not None,
+             check_target=_medusa_target),
+    Contract("eagle1", "EAGLE-1: one decoder layer on the final state", ("eagle",), offline=True,
+             layers=_final_only, counts_answers=lambda cfg: cfg.eagle.draft_vocab_size is not None,
+             check_target=_eagle1_target),
+    Contract("eagle3", "EAGLE-3: three fused target layers, training-time test", ("eagle",), offline=True,
+             layers=_eagle3_layers, counts_answers=lambda cfg: cfg.eagle.draft_vocab_size is not None,
+             preset="eagle3 final", check=_eagle3_check, check_target=_eagle3_target),
+    Contract("dflash", "DFlash: a block drafted in one pass over fused target layers", ("dflash",), offline=True,
+             layers=_dflash_layers,
+             counts_answers=lambda cfg: cfg.dflash.draft_vocab_size is not None or cfg.dflash.mask_token_id is None,
+             preset="dflash final", check=_one_init("dflash.init_layer"), check_target=_dflash_target),
+)}
+KINDS = tuple(CONTRACTS)
