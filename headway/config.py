@@ -90,7 +90,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         try:
             value = yaml.safe_load(value)
         except yaml.YAMLError as e:
-            raise ConfigError(f"'{key}': cannot parse {value!r}: {e}") from None
+            if not (_is_list(tp) and typing.get_args(tp)[:1] == (str,)):
+                raise ConfigError(f"'{key}': cannot parse {value!r}: {' '.join(str(e).split())}") from None
+            # a list of strings given one string that is no YAML ('*.jsonl': a glob, not an alias): that string
     origin = typing.get_origin(tp)
     try:
         if tp is Any:
@@ -367,6 +369,15 @@ def help_text(cls: type, prog: str, summary: str = "") -> str:
               "booleans: --flag / --no-flag; list options take several values (--temperature 0 1).",
               "Command-line values override the --config file."]
     return "\n".join(lines)
+
+
+def check_at_least(cfg: Any, minimum: int, names: Sequence[str], error: type[HeadwayError] = ConfigError) -> None:
+    """Refuse a count of ``cfg`` below ``minimum``, naming it; an unset optional (None) passes. A
+    negative ``limit`` would slice from the end, a zero one make an empty folder called complete."""
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and value < minimum:
+            raise error(f"{name} must be >= {minimum}, got {value}")
 
 
 def check_choices(f: dataclasses.Field, value: Any, key: str) -> None:
