@@ -32,7 +32,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -42,10 +42,10 @@ from .feature_format import (FORMAT as FEATURES_FORMAT, MANIFEST as FEATURES_MAN
 from .generation import FeatureSpec, Generate, hf_generate, stop_token_ids
 from .configs import DistillConfig  # noqa: F401  (re-exported; light, for --help)
 from .plans import Plan, fit_budget, make_plan
-from ..publish import publish, publishing
+from ..publish import check_output_path, publish, publishing
 from .shards import (check_settings, complete_shards, digest, link_or_copy, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
-from .sources import SourceResult, bad_rows_report, check_source, read_samples
+from .sources import SourceResult, bad_rows_report, check_source, read_samples, source_paths
 
 MANIFEST = "headway_distill.json"
 LOCK = ".lock"  # held (flock) by the process writing the folder; see output_lock
@@ -240,15 +240,16 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     dtype = generation_dtype(cfg.dtype, procs.device) if cfg.engine == "hf" else cfg.dtype.replace("auto", "float32")
     cfg = replace(cfg, dtype=dtype)
     feature_out = Path(cfg.features).expanduser() if cfg.features else None
+    inputs = [*source_paths(cfg.source), cfg.target, cfg.adapter, cfg.chat_template]  # never emptied by --overwrite
     if procs.is_main:
-        hold.enter_context(output_lock(out))
+        hold.enter_context(output_lock(out, inputs=inputs))
         prepare_output(out, cfg.overwrite, MANIFEST)
         check_option_settings(out, cfg)  # before the target loads; prompts and template are compared below
         if feature_out is not None:
             if feature_out.resolve() == out.resolve():
                 raise DataError(f"--features {feature_out} is the output folder itself; give the features their "
                                 "own folder")
-            hold.enter_context(output_lock(feature_out))
+            hold.enter_context(output_lock(feature_out, inputs=inputs))
             prepare_feature_output(feature_out, out, cfg.overwrite)
     procs.barrier()
     with procs.state.main_process_first():
@@ -351,16 +352,15 @@ def prepare_output(out: Path, overwrite: bool, manifest_name: str) -> None:
         for p in out.iterdir():
             if p.name != LOCK:
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    elif overwrite and out.exists():
-        out.unlink()
     if out.is_dir() and any(p.name != LOCK for p in out.iterdir()) and not (out / manifest_name).is_file():
         raise DataError(f"output folder {out} is not empty and holds no {manifest_name}; "
                         "choose another folder or pass --overwrite")
 
 
 @contextlib.contextmanager
-def output_lock(folder: Path, error: type[Exception] = DataError) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``folder/.lock`` while this process writes ``folder``: a second
+def output_lock(folder: Path, error: type[Exception] = DataError, inputs: Sequence[Any] = ()) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``folder/.lock`` while this process writes ``folder`` (checked
+    first: not a file, nor the folder of one of the command's ``inputs`` or above it): a second
     headway process writing the same folder fails at once with ``error``, naming the holder,
     instead of interleaving shards and dying later on a raw OSError. The kernel drops the lock when
     the process ends (even on kill -9), so a stale file never blocks. A run that fails (one that
@@ -372,8 +372,7 @@ def output_lock(folder: Path, error: type[Exception] = DataError) -> Iterator[No
     except ImportError:  # no flock (Windows): unguarded, as before
         yield
         return
-    if folder.exists() and not folder.is_dir():
-        raise error(f"output folder {folder} is a file; choose another folder")
+    check_output_path(folder, "output folder", inputs=inputs, error=error)
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     new_lock = not (folder / LOCK).exists()
     f = _locked(folder, error, fcntl)

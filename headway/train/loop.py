@@ -35,6 +35,7 @@ from ..hardware import bf16_is_fast
 from ..heads.files import is_heads_checkpoint
 from ..optional import MissingDependency, need, skip_line
 from ..progress import Progress
+from ..publish import check_output_path
 from .batch import (StoredLogits, TargetBatch, collate, collate_features, feature_key, lm_head_logits, logit_transform,
                     stored_batch, stored_keys, target_batch)
 from .calibration import calibration_metadata
@@ -100,6 +101,7 @@ def check_data_paths(cfg: TrainConfig) -> None:
     for what, path in (("training data", cfg.data), ("eval data", cfg.eval_data)):
         if path and not Path(path).expanduser().exists():
             raise TrainError(f"{what} not found: {path}")
+    check_output_path(cfg.output_dir, "output_dir", error=TrainError)  # output_dir=afile/sub: refused here
     if cfg.features or cfg.eval_features:
         check_features_config(cfg)
 
