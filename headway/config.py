@@ -90,7 +90,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         try:
             value = yaml.safe_load(value)
         except yaml.YAMLError as e:
-            raise ConfigError(f"'{key}': cannot parse {value!r}: {e}") from None
+            if not (_is_list(tp) and typing.get_args(tp)[:1] == (str,)):
+                raise ConfigError(f"'{key}': cannot parse {value!r}: {' '.join(str(e).split())}") from None
+            # a list of strings given one string that is no YAML ('*.jsonl': a glob, not an alias): that string
     origin = typing.get_origin(tp)
     try:
         if tp is Any:

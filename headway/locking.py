@@ -10,14 +10,17 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
+
+from .publish import check_output_path
 
 LOCK = ".lock"  # held (flock) by the process writing the folder; see output_lock
 
 
 @contextlib.contextmanager
-def output_lock(folder: Path, error: type[Exception]) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``folder/.lock`` while this process writes ``folder``: a second
+def output_lock(folder: Path, error: type[Exception], inputs: Sequence[Any] = ()) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``folder/.lock`` while this process writes ``folder`` (checked
+    first: not a file, nor the folder of one of the command's ``inputs`` or above it): a second
     headway process writing the same folder fails at once with ``error``, naming the holder,
     instead of interleaving shards and dying later on a raw OSError. The kernel drops the lock when
     the process ends (even on kill -9), so a stale file never blocks. A run that fails (one that
@@ -29,8 +32,7 @@ def output_lock(folder: Path, error: type[Exception]) -> Iterator[None]:
     except ImportError:  # no flock (Windows): unguarded, as before
         yield
         return
-    if folder.exists() and not folder.is_dir():
-        raise error(f"output folder {folder} is a file; choose another folder")
+    check_output_path(folder, "output folder", inputs=inputs, error=error)
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
     new_lock = not (folder / LOCK).exists()
     f = _locked(folder, error, fcntl)

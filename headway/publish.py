@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
 
 def umask_mode(folder: bool) -> int:
@@ -116,6 +116,62 @@ def publishing(final: str | Path, *, folder: bool = False, replace: bool = True)
         publish(tmp, final, replace=replace)
     finally:
         _remove(tmp)
+
+
+class OutputPathError(ValueError):
+    """An output path no writer could use; each room raises the message again as its own error."""
+
+
+def check_output_path(path: str | Path, what: str, *, file: bool = False, inputs: Sequence[str | Path | None] = (),
+                      below_inputs: bool = True, replaced: bool = False,
+                      error: type[Exception] = OutputPathError) -> Path:
+    """``path`` resolved (``~``, ``.``, ``..``, links), after refusing up front, with one line that
+    names ``what`` (``--out``): a file where a folder goes (or a folder where a ``file`` goes), a
+    parent that is a file, an input itself, a folder that holds an input (replacing or emptying the
+    output would take the input with it), unless ``below_inputs`` a folder inside an input, and for a
+    folder ``replaced`` whole (``publishing``) the current folder or one holding it (the shell would
+    be left in a deleted folder). ``inputs`` that are unset or not here (a Hub repo id) are skipped.
+    Raises ``error`` (a room's own)."""
+    given = str(path)
+    out = Path(path).expanduser().resolve()
+    if replaced and (out == Path.cwd() or out in Path.cwd().parents):
+        raise error(f"{what} {given} {'is' if out == Path.cwd() else 'holds'} the current folder, and the output "
+                    "replaces its folder whole; name a new folder")
+    if out.exists() and out.is_dir() == file:
+        raise error(f"{what} {given} is a folder; give a file name" if file else
+                    f"{what} {given} is a file, not a folder; choose a folder")
+    parent = next((p for p in Path(path).expanduser().parents if p.exists()), None)  # named as given
+    if parent is not None and not out.exists() and not parent.is_dir():
+        raise error(f"{what} {given}: {parent} is a file, not a folder")
+    for name in inputs:
+        inp = Path(name or "").expanduser()
+        if not name or not inp.exists():
+            continue
+        inp = inp.resolve()
+        if out == inp:
+            raise error(f"{what} {given} is the input {name} itself; choose a new folder")
+        if out in inp.parents:
+            raise error(f"{what} {given} holds the input {name}; choose a new folder outside it")
+        if not below_inputs and inp in out.parents:
+            raise error(f"{what} {given} is inside the input {name}; choose a new folder outside it")
+    return out
+
+
+def check_replaceable(folder: Path, name: str, earlier: str, is_earlier: Callable[[Path], bool],
+                      allowed: Callable[[str], bool], error: type[Exception] = OutputPathError) -> bool:
+    """Whether the output ``folder`` (``name`` in messages: ``--out R``) holds something to replace.
+    False: it is new or empty. True: it holds an earlier ``earlier`` (``is_earlier``) and only files
+    ``allowed`` names. Anything else is refused with ``error``, naming what is there: replacing the
+    folder would delete it."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return False
+    earlier_one = is_earlier(folder)
+    foreign = sorted(p.name + "/" * p.is_dir() for p in folder.iterdir()
+                     if not earlier_one or p.is_dir() or not allowed(p.name))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise error(f"{name} holds files that are not an earlier {earlier} ({shown}); choose a new folder")
+    return True
 
 
 def write_text(path: str | Path, text: str) -> Path:

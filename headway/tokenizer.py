@@ -47,7 +47,8 @@ def encode_prompt(tokenizer: Any, prompt: Any, chat: bool | None = None) -> list
     """A decoding prompt -> token ids: token ids as they are (a list or a tensor), a string as raw
     text (or, with ``chat`` and a chat template, as one user message), a list of messages through
     the chat template. The one encoder of ``generate``, ``generate_batch``, ``bench`` and ``chat``.
-    Raises ``ValueError`` on an empty prompt, or messages without a template."""
+    Raises ``ValueError`` on an empty prompt, ids that are not whole numbers, any other kind of
+    object, or messages without a template."""
     import torch
 
     if isinstance(prompt, torch.Tensor):
@@ -62,8 +63,16 @@ def encode_prompt(tokenizer: Any, prompt: Any, chat: bool | None = None) -> list
             ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
         else:
             ids = tokenizer(prompt)["input_ids"]
-    else:
+    elif isinstance(prompt, (list, tuple)):
         ids = list(prompt)
+    else:
+        raise ValueError(f"a prompt is a string, token ids or a list of messages, not {type(prompt).__name__}")
     if not ids:
         raise ValueError("the prompt is empty")
-    return [int(i) for i in ids]
+    out = []
+    for i in ids:
+        try:
+            out.append(int(i))
+        except (TypeError, ValueError):
+            raise ValueError(f"token ids must be whole numbers, got {i!r}") from None
+    return out

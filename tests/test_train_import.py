@@ -77,7 +77,9 @@ def test_import_refuses_other_target_and_pickles(tiny_llama, tmp_path):
 
 def test_import_cli(llama_dir, tmp_path):
     sd = reference_state(3, 1, 64, 384)
-    torch.save(sd, tmp_path / "medusa_lm_head.pt")
-    r = run_cli(["import", str(tmp_path), "--out", str(tmp_path / "out"), "--target", str(llama_dir)], tmp_path)
+    (tmp_path / "ref").mkdir()  # the output may not be inside the source folder (#63)
+    torch.save(sd, tmp_path / "ref" / "medusa_lm_head.pt")
+    r = run_cli(["import", str(tmp_path / "ref"), "--out", str(tmp_path / "out"), "--target", str(llama_dir)],
+                tmp_path)
     assert r.returncode == 0, r.stderr
     assert load_heads(tmp_path / "out").config.num_heads == 3

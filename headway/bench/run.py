@@ -36,6 +36,7 @@ from ..decode.shapes import parse_shape
 from ..data.progress import quiet_transformers
 from ..kernels import LinearKernels
 from ..optional import MissingDependency, skip_line
+from ..publish import check_output_path
 from ..target import default_assistant, demo_metadata
 from .methods import (HeadwayMethod, HFMethod, Method, Run, configure_assistant, module_bytes, stop_ids_of,
                             timed_run, tree_spec)
@@ -100,7 +101,8 @@ def check_inputs(cfg: BenchConfig) -> None:
     """What can be checked without the target, checked before it is built or loaded (building the
     demo target takes minutes; a typo in --heads or --prompts must not cost them): every heads
     checkpoint is one, the prompt source and the chat template exist, local paths given for the
-    target, the assistant and the adapter exist. Tree specs were parsed with the config."""
+    target, the assistant and the adapter exist, the report's paths can be written. Tree specs were
+    parsed with the config."""
     from ..data.errors import ChatTemplateError
     from ..data.sources import check_source
     from ..heads.base import read_config, resolve_checkpoint
@@ -113,6 +115,9 @@ def check_inputs(cfg: BenchConfig) -> None:
     for what, value in (("target", cfg.target), ("assistant", cfg.assistant), ("adapter", cfg.adapter)):
         if _missing_path(value):
             raise ConfigError(f"{what} not found: {Path(value).expanduser()}")
+    for what, value in (("--json", cfg.json), ("--plot", cfg.plot)):  # refused now, not after the timing
+        if value:
+            check_output_path(value, what, file=True, error=ConfigError)
 
 
 def heads_adapter(heads: Sequence[str]) -> str | None:

@@ -25,7 +25,9 @@ from typing import Any
 
 import torch
 
+from ..config import ConfigError
 from ..progress import Progress
+from ..publish import check_output_path, write_text
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
 from ..decode.cost import forward_cost, interpolate
 from ..decode.sampling import SamplingParams
@@ -195,6 +197,8 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     from ..decode.cli import adapter_note
 
     say = log or (lambda msg: print(msg, file=sys.stderr))
+    if cfg.json_out:  # refused now, not after the measuring
+        check_output_path(cfg.json_out, "--json-out", file=True, error=ConfigError)
     spec = Speculator.from_pretrained(resolve_target_path(cfg.target), cfg.heads, adapter=cfg.adapter,
                                       **cfg.load_kwargs(), **cfg.runtime_kwargs())
     if spec.adapter_from_heads:  # the tree is tuned on the adapted target
@@ -261,7 +265,7 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     if cfg.write:
         store_tree(Path(cfg.heads), report)
     if cfg.json_out:
-        Path(cfg.json_out).write_text(json.dumps(report, indent=2))
+        write_text(Path(cfg.json_out).expanduser(), json.dumps(report, indent=2))
     return report
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..config import opt
+from ..config import check_numbers, opt
 from ..target import LINEAR_KERNELS, TargetArgs
 from .errors import DataError
 from .plans import OVERLONG, PROMPT_FORMATS
@@ -75,9 +75,8 @@ class DistillConfig(TargetArgs):
     def __post_init__(self) -> None:
         super().__post_init__()
         parse_sources(self.source)  # a bad spec fails here, before the target loads
-        for name in ("batch_size", "shard_size", "max_prompt_tokens", "prompt_tokens"):
-            if getattr(self, name) < 1:
-                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_numbers(self, "", {"batch_size": ">= 1", "shard_size": ">= 1", "max_prompt_tokens": ">= 1",
+                                 "prompt_tokens": ">= 1", "limit": ">= 1", "skip": ">= 0"})
         if self.engine == "vllm" and self.adapter:
             raise DataError("--engine vllm cannot apply a PEFT adapter (--adapter); merge it into the target "
                             "first, or use --engine hf")
@@ -110,9 +109,7 @@ class FeaturesConfig(TargetArgs):
     overwrite: bool = opt(False, "delete the output folder first")
 
     def __post_init__(self) -> None:  # no super(): the target may be left to the dataset's record
-        for name in ("batch_size", "shard_size"):
-            if getattr(self, name) < 1:
-                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_numbers(self, "", {"batch_size": ">= 1", "shard_size": ">= 1", "limit": ">= 1"})
 
 
 @dataclass
@@ -142,9 +139,8 @@ class PromptsConfig(TargetArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("num", "batch_size", "max_new_tokens", "max_chars"):
-            if getattr(self, name) < 1:
-                raise DataError(f"{name} must be >= 1, got {getattr(self, name)}")
+        check_numbers(self, "", {"num": ">= 1", "batch_size": ">= 1", "max_new_tokens": ">= 1",
+                                 "max_chars": ">= 1"})
         if self.temperature <= 0:
             raise DataError(f"temperature must be > 0 (greedy sampling writes the same prompt every time), got "
                             f"{self.temperature}")

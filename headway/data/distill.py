@@ -32,7 +32,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -46,7 +46,7 @@ from ..locking import LOCK, output_lock
 from ..publish import publish, publishing
 from .shards import (check_settings, complete_shards, digest, link_or_copy, owned_shards, read_json, remove_stale,
                      shard_name, shard_ranges, write_json)
-from .sources import SourceResult, bad_rows_report, check_source, read_samples
+from .sources import SourceResult, bad_rows_report, check_source, read_samples, source_paths
 
 MANIFEST = "headway_distill.json"
 SHARD_STATS = "shard.json"
@@ -240,15 +240,16 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     dtype = generation_dtype(cfg.dtype, procs.device) if cfg.engine == "hf" else cfg.dtype.replace("auto", "float32")
     cfg = replace(cfg, dtype=dtype)
     feature_out = Path(cfg.features).expanduser() if cfg.features else None
+    inputs = [*source_paths(cfg.source), cfg.target, cfg.adapter, cfg.chat_template]  # never emptied by --overwrite
     if procs.is_main:
-        hold.enter_context(output_lock(out, DataError))
+        hold.enter_context(output_lock(out, DataError, inputs=inputs))
         prepare_output(out, cfg.overwrite, MANIFEST)
         check_option_settings(out, cfg)  # before the target loads; prompts and template are compared below
         if feature_out is not None:
             if feature_out.resolve() == out.resolve():
                 raise DataError(f"--features {feature_out} is the output folder itself; give the features their "
                                 "own folder")
-            hold.enter_context(output_lock(feature_out, DataError))
+            hold.enter_context(output_lock(feature_out, DataError, inputs=inputs))
             prepare_feature_output(feature_out, out, cfg.overwrite)
     procs.barrier()
     with procs.state.main_process_first():
@@ -351,8 +352,6 @@ def prepare_output(out: Path, overwrite: bool, manifest_name: str) -> None:
         for p in out.iterdir():
             if p.name != LOCK:
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    elif overwrite and out.exists():
-        out.unlink()
     if out.is_dir() and any(p.name != LOCK for p in out.iterdir()) and not (out / manifest_name).is_file():
         raise DataError(f"output folder {out} is not empty and holds no {manifest_name}; "
                         "choose another folder or pass --overwrite")

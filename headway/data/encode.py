@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import opt
+from ..config import check_numbers, opt
+from ..publish import check_output_path
 from ..target import require_target
 from .chat import assistant_mask, require_template
 from .errors import BadRowError, DataError
@@ -44,8 +45,7 @@ class TokenizeConfig:
     def __post_init__(self) -> None:
         require_target(self.target)
         parse_sources(self.source)
-        if self.max_length < 1:
-            raise DataError(f"max_length must be >= 1, got {self.max_length}")
+        check_numbers(self, "", {"max_length": ">= 1", "limit": ">= 1"})
 
 
 def tokenize_sample(tokenizer: Any, sample: Sample, template: str | None, prompt_format: str = "auto",
@@ -89,13 +89,15 @@ def tokenize_dataset(cfg: TokenizeConfig) -> Path:
     from .distill import prepare_output, row_features, save_merged
     from .progress import console, quiet_datasets
     from .shards import write_json
-    from .sources import bad_rows_report, check_source, read_samples
+    from .sources import bad_rows_report, check_source, read_samples, source_paths
     from ..target import resolve_target_path
     from .vocab import save_token_counts, token_frequencies
 
     start = time.perf_counter()
     out = Path(cfg.output).expanduser()
     check_source(cfg.source)  # a missing file is refused before the target's tokenizer loads
+    check_output_path(out, "output folder", inputs=[*source_paths(cfg.source), cfg.target, cfg.chat_template],
+                      error=DataError)  # never emptied by --overwrite
     prepare_output(out, cfg.overwrite, MANIFEST)
     target_path = resolve_target_path(cfg.target)
     tokenizer = load_tokenizer(target_path, target_path, cfg.revision, trust_remote_code=False)

@@ -137,7 +137,7 @@ def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
     # dtype is what the settings record, so a resume elsewhere cannot mix dtypes in one folder
     cfg = replace(cfg, dtype=generation_dtype(cfg.dtype, procs.device))
     if procs.is_main:
-        hold.enter_context(output_lock(out, DataError))
+        hold.enter_context(output_lock(out, DataError, inputs=[data_path, cfg.target, cfg.adapter]))
         prepare_output(out, cfg.overwrite, MANIFEST)
     procs.barrier()
     with procs.state.main_process_first():

@@ -69,7 +69,7 @@ def merge(inputs: Sequence[str | Path], output: str | Path, overwrite: bool = Fa
     plan = check_features(paths) if features else check_datasets(paths)  # manifests only: a refusal writes nothing
     manifest = FEATURES_MANIFEST if features else DATASET_MANIFEST
     with contextlib.ExitStack() as hold:
-        hold.enter_context(output_lock(out, DataError))
+        hold.enter_context(output_lock(out, DataError, inputs=paths))
         prepare_output(out, overwrite, manifest)
         if (out / manifest).is_file():
             raise DataError(f"{out} already holds a merge or another run; choose a new output folder or pass "

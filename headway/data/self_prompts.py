@@ -164,6 +164,7 @@ def write_prompts(cfg: PromptsConfig) -> Path:
     from .generation import sample_batch, stop_token_ids
     from .progress import TokenProgress, console, quiet_datasets
     from .runtime import processes
+    from .sources import source_paths
 
     out = Path(cfg.output).expanduser()
     procs = processes(cfg.device)
@@ -172,7 +173,9 @@ def write_prompts(cfg: PromptsConfig) -> Path:
     device = procs.device
     cfg = replace(cfg, dtype=generation_dtype(cfg.dtype, device))
     say = console().print
-    with quiet_datasets(), output_lock(out, DataError):
+    inputs = [*(path for source in cfg.exclude for path in source_paths(source)), cfg.target, cfg.chat_template,
+              cfg.adapter]  # never emptied by --overwrite
+    with quiet_datasets(), output_lock(out, DataError, inputs=inputs):
         prepare_output(out, cfg.overwrite, SETTINGS_FILE)
         target_path = resolve_target_path(cfg.target or "")
         model, tokenizer = load_target(target_path, cfg.dtype, None if cfg.device_map else device, cfg.adapter,

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import glob
 import itertools
 import json
+import os
 import random
 import re
 from dataclasses import dataclass, field
@@ -120,8 +122,7 @@ def _stream(spec: SourceSpec, split: str, skip_bad_rows: bool, tokenizer: Any, p
             random.Random(spec.seed).shuffle(samples)
         return iter(samples[:count])
     path = Path(source).expanduser()
-    if not path.exists() and (source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES):
-        raise DataError(f"prompt source not found: {path}")
+    _check_one(spec)
     if spec.hub:
         rows = _hub_rows(spec, split)
         where = lambda i: f"{spec.label()}[{i}]"  # noqa: E731
@@ -205,10 +206,16 @@ def check_source(source: Any) -> None:
     loading a target (which can take minutes). Any other name is a Hub dataset, which only
     ``read_samples`` can tell."""
     for spec in _specs(source):
-        _check_one(spec.path)
+        _check_one(spec)
 
 
-def _check_one(source: str) -> None:
+def source_paths(source: Any) -> list[str]:
+    """The local paths (or Hub names) a source reads: what an output folder must never replace."""
+    return [spec.path for spec in _specs(source) if not spec.builtin]
+
+
+def _check_one(spec: SourceSpec) -> None:
+    source = spec.path
     if source in CHAT_SPLITS or source in DEMO_SPLITS:
         return
     for prefix, splits in (("chat:", CHAT_SPLITS), ("demo:", DEMO_SPLITS)):
@@ -219,6 +226,26 @@ def _check_one(source: str) -> None:
         raise DataError(f"{path}: unsupported prompt file type '{path.suffix}'; use .jsonl, .json or .parquet")
     if not path.exists() and (source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES):
         raise DataError(f"prompt source not found: {path}")
+    if path.is_file() and spec.data_files:
+        raise DataError(f"{path} is a file: data_files ({', '.join(spec.data_files)}) pick files inside a folder or "
+                        "a Hub dataset; give the file alone, or its folder with data_files")
+    _check_data_files(spec, path)
+
+
+def _check_data_files(spec: SourceSpec, path: Path) -> None:
+    """Each local ``data_files`` pattern matches a file: relative to the source's folder, or to the
+    current folder for a loader name (json, parquet, ...). A Hub dataset's patterns name files of
+    the repo, which only ``datasets`` can list."""
+    if path.is_dir():
+        base, where = path, f" in {path}"
+    elif "/" not in spec.path:  # a datasets loader: its data_files are local paths (or URLs)
+        base, where = Path.cwd(), ""
+    else:
+        return
+    for pattern in spec.data_files:
+        matches = glob.iglob(os.path.join(glob.escape(str(base)), os.path.expanduser(pattern)), recursive=True)
+        if "://" not in pattern and not any(os.path.isfile(m) for m in matches):
+            raise DataError(f"data_files '{pattern}' matches no file{where}")
 
 
 def _samples(rows: Iterable[tuple[int, Any]], where: Any, skip_bad_rows: bool, bad: list[str]) -> Iterator[Sample]:

@@ -7,9 +7,10 @@ fails in one line before any model is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
-from typing import Any
+from typing import Any, Iterator, Sequence
 
 from ..errors import HeadwayError
 
@@ -70,3 +71,27 @@ def check_decode_args(max_new_tokens: int, temperature: float = 0.0, top_p: floa
         raise DecodeError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {n_new}: "
                           f"{prompt_tokens + n_new} positions, more than the target's context of {max_positions} "
                           f"(max_position_embeddings); {fix}")
+
+
+PROMPT_FORMS = "a string, token ids (a list or a 1-D tensor) or a list of chat messages"
+
+
+def check_prompt_list(prompts: Any) -> None:
+    """``generate_batch``'s prompts: a non-empty list whose every row has a prompt's form (its
+    content is checked when the row is encoded, under ``row_named``); the first other row is named."""
+    import torch  # here, not above: the CLI configs import this module for --help
+
+    if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence) or not prompts:
+        raise DecodeError(f"generate_batch takes a non-empty list of prompts, each {PROMPT_FORMS}")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, (str, list, tuple, torch.Tensor)):
+            raise DecodeError(f"prompts[{i}] is {type(prompt).__name__}, not a prompt ({PROMPT_FORMS})")
+
+
+@contextlib.contextmanager
+def row_named(i: int) -> Iterator[None]:
+    """Name the row in a ``DecodeError`` raised inside: ``prompts[3]: the prompt is empty``."""
+    try:
+        yield
+    except DecodeError as e:
+        raise DecodeError(f"prompts[{i}]: {e}") from None

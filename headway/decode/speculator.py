@@ -19,7 +19,7 @@ from torch import nn
 from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from ..tokenizer import encode_prompt
-from .args import DecodeError, check_decode_args
+from .args import DecodeError, check_decode_args, check_prompt_list, row_named
 from .batch_proposers import BatchProposer, RowsProposer, make_batch_proposer
 from .policy import TreePolicy, batch_table, drafts_per_token, fit_tree, fitted_table
 from .proposers import hidden_index, make_proposer
@@ -353,8 +353,7 @@ class Speculator:
         are one value for every row or one per row (row i's generator: ``seed[i]``, or ``seed + i``). A greedy row i
         equals ``generate(prompts[i])`` token for token; a sampled row follows the target's
         distribution, as ``generate`` does."""
-        if isinstance(prompts, (str, torch.Tensor)) or not isinstance(prompts, Sequence) or not prompts:
-            raise DecodeError("generate_batch takes a non-empty list of prompts (strings, token id lists or messages)")
+        check_prompt_list(prompts)
         B = len(prompts)
 
         def per_row(name: str, value: Any) -> list[Any]:
@@ -368,11 +367,13 @@ class Speculator:
         max_new = per_row("max_new_tokens", max_new_tokens)
         seeds = per_row("seed", seed) if isinstance(seed, (list, tuple)) else \
             [None if seed is None else int(seed) + i for i in range(B)]
-        ids = [self.encode(p, chat)[0].tolist() for p in prompts]
-        rows = []
-        for i, row_ids in enumerate(ids):
-            check_decode_args(max_new[i], temps[i], tops_p[i], tops_k[i], self.typical, len(row_ids),
-                              self.max_positions)
+        ids, rows = [], []
+        for i, prompt in enumerate(prompts):
+            with row_named(i):
+                row_ids = self.encode(prompt, chat)[0].tolist()
+                check_decode_args(max_new[i], temps[i], tops_p[i], tops_k[i], self.typical, len(row_ids),
+                                  self.max_positions)
+            ids.append(row_ids)
             gen = torch.Generator(device="cpu")
             if seeds[i] is not None:
                 gen.manual_seed(int(seeds[i]))

@@ -34,8 +34,8 @@ from ..data.progress import quiet_transformers
 from ..data.stdlib_corpus import (HELDOUT_FRACTION, SPLITS, _corpus, _prompt_spans, _read,  # noqa: F401  (re-exported)
                                   corpus_files, corpus_identity, demo_prompts, split_of, stdlib_root)
 from ..bench.repetition import repetition_rate  # noqa: F401  (re-exported)
-from ..publish import publishing, remove_dead_temps
-from ..target import DEMO_METADATA_FILE
+from ..publish import check_output_path, check_replaceable, publishing, remove_dead_temps
+from ..target import DEMO_METADATA_FILE, is_target_folder
 
 # The config lives in a light module (re-exported here) so that `headway target build --help` needs no torch
 from .configs import PRESETS, TargetBuildConfig, default_cache_dir  # noqa: F401
@@ -376,6 +376,7 @@ def build_demo_target(cfg: TargetBuildConfig, progress: bool = True) -> Path:
     """Build the demo target (or reuse the cached build) and return its HF folder."""
     cfg = resolve_config(cfg)
     final = target_dir(cfg)
+    check_copy_out(cfg.out)
     if cfg.force or not _is_usable(final, cfg):
         remove_dead_temps(final)  # what killed builds left in the cache (a target's worth each)
         # without force, a concurrent build of the same config that finished first wins
@@ -384,6 +385,20 @@ def build_demo_target(cfg: TargetBuildConfig, progress: bool = True) -> Path:
     if cfg.out:
         shutil.copytree(final, Path(cfg.out).expanduser(), dirs_exist_ok=True)
     return final
+
+
+def check_copy_out(out: str | None) -> None:
+    """``--out``, where ``target build`` copies the built folder, checked before the build: a new
+    or empty folder, or an earlier copy of a built target (whose files the copy writes over)."""
+    from .named import METADATA_FILE as NAMED_METADATA_FILE
+
+    def is_copy(folder: Path) -> bool:
+        return is_target_folder(folder) and any((folder / name).is_file() for name in (METADATA_FILE,
+                                                                                      NAMED_METADATA_FILE))
+
+    if out:
+        folder = check_output_path(out, "--out", error=ConfigError)
+        check_replaceable(folder, f"--out {out}", "copy of a built target", is_copy, lambda name: True, ConfigError)
 
 
 def build_default(name: str = "demo") -> Path:
@@ -437,6 +452,7 @@ def build_cli(cfg: TargetBuildConfig) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    check_copy_out(cfg.out)
     if cfg.name != "demo":
         return build_named_cli(cfg)
     cfg = resolve_config(cfg)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import load_config, opt
+from ..config import ConfigError, load_config, opt
 from ..errors import HeadwayError
+from ..publish import check_output_path
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # the repository's recipes: headway/demo/ -> root
 
@@ -168,6 +169,7 @@ def demo(cfg: DemoConfig) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run = Path(cfg.run_dir)
+    check_output_path(run, "--run-dir", error=ConfigError)
     run.mkdir(parents=True, exist_ok=True)
     (run / "demo_config.json").write_text(json.dumps(cfg.__dict__, indent=2))
     t0 = time.perf_counter()

@@ -18,7 +18,8 @@ IMPORT_FORMATS = ("medusa", "eagle", "dflash")  # the keys of importers.IMPORTER
 @dataclass
 class ImportConfig:
     source: str = opt(help="reference checkpoint: a folder, a file, or a Hub repo id", positional=True)
-    out: str = opt(help="write the native heads checkpoint here")
+    out: str = opt(help="write the native heads checkpoint here: a new folder, or one holding only an earlier heads "
+                        "checkpoint of the same kind (replaced atomically); never the source or a folder around it")
     target: str | None = opt(None, "target to check the heads against (and record in the checkpoint); "
                                    "'demo' = the demo target")
     format: str = opt("auto", "reference format: auto (from the files), medusa (FasterDecoding or vLLM "
@@ -34,7 +35,8 @@ class ExportConfig:
                            "SGLang reads too), sglang (EAGLE-1, EAGLE-3), trtllm (Medusa, EAGLE-3), speculators "
                            "(EAGLE-3, DFlash; vLLM loads it by itself)",
                       choices=EXPORT_FORMATS)
-    out: str = opt(help="write the engine folder here (replaced atomically if it exists)")
+    out: str = opt(help="write the engine folder here: a new folder, or one holding only an earlier headway export to "
+                        "this format (replaced atomically); never the heads' folder or a folder around it")
     target: str | None = opt(None, "target model (folder, Hub id or 'demo'); needed only for Medusa heads that "
                                    "share the target's lm_head")
     dtype: str | None = opt(None, "cast floating tensors to float32 | bfloat16 | float16 (default: keep)",

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..config import read_json_object
 from .base import HeadsError
 from .dflash import DFlashConfig, DFlashDrafter
 from .export_layouts import Export, ExportError, Spec, _provenance
@@ -147,22 +148,22 @@ def is_dflash_config(cfg: dict[str, Any]) -> bool:
 def _geometry(layer: dict[str, Any]) -> LayerGeometry:
     from transformers import Qwen3Config
 
+    from .eagle_import import hf_config
+
     inner = {k: v for k, v in layer.items() if k not in ("architectures", "auto_map", "model_type")}
-    return LayerGeometry.from_target(Qwen3Config.from_dict(inner))
+    return LayerGeometry.from_target(hf_config(Qwen3Config, inner))
 
 
 def import_dflash(name_or_path: str | Path, target: nn.Module | None = None, revision: str | None = None
                   ) -> DFlashDrafter:
     """A folder (or Hub id) in either layout -> a native drafter; with ``target`` it is checked (hidden
     and vocabulary sizes, naming both values) and attached."""
-    import json
-
     from .eagle_import import read_weights, resolve_reference
 
     path = resolve_reference(name_or_path, revision)
     if not (path / "config.json").is_file():
         raise HeadsError(f"{path} has no config.json")
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = read_json_object(path / "config.json", HeadsError)
     if not is_dflash_config(cfg):
         raise HeadsError(f"{path}/config.json is not a DFlash config (no dflash_config, no speculators_model_type: "
                          "dflash)")

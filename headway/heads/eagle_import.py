@@ -23,17 +23,17 @@ target is used, so a target (or ``aux_layers``) must then be given.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 from transformers import LlamaConfig
 
+from ..config import read_json_object
 from .base import HeadsBase, HeadsError
 from .eagle import Eagle1Config, Eagle1Drafter, Eagle3Config, Eagle3Drafter, default_aux_layers
+from .files import read_reference_tensors, read_tensors
 from .layers import LayerGeometry
 
 DROPPED = ("embed_tokens.weight",)
@@ -52,7 +52,10 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a reference folder: safetensors preferred, .bin read weights-only; shards joined."""
     for index, loader in (("model.safetensors.index.json", _load_st), ("pytorch_model.bin.index.json", _load_bin)):
         if (path / index).is_file():
-            files = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
+            weight_map = read_json_object(path / index, HeadsError).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise HeadsError(f"{path / index} has no 'weight_map' object")
+            files = sorted(set(map(str, weight_map.values())))
             out: dict[str, torch.Tensor] = {}
             for f in files:
                 out.update(loader(path / f))
@@ -65,13 +68,11 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_st(f: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(f))
+    return read_tensors(f)  # one line for a missing, empty or truncated file
 
 
 def _load_bin(f: Path) -> dict[str, torch.Tensor]:
-    from .files import read_reference_tensors as read_tensors  # weights-only reader shared with the Medusa importer
-
-    return read_tensors(f)
+    return read_reference_tensors(f)  # weights-only reader shared with the Medusa importer
 
 
 def detect_layout(tensors: dict[str, torch.Tensor]) -> str:
@@ -91,7 +92,15 @@ def layer_config(cfg: dict[str, Any]) -> tuple[LlamaConfig, dict[str, Any]]:
     inner = dict(cfg.get("transformer_layer_config") or cfg)
     for k in ("architectures", "auto_map", "model_type"):
         inner.pop(k, None)
-    return LlamaConfig.from_dict(inner), inner
+    return hf_config(LlamaConfig, inner), inner
+
+
+def hf_config(config_class: type, fields: dict[str, Any]) -> Any:
+    """``config_class.from_dict(fields)``; a field of the wrong type is one ``HeadsError`` line."""
+    try:
+        return config_class.from_dict(fields)
+    except Exception as e:  # transformers validates fields with huggingface_hub's errors, which are no ValueError
+        raise HeadsError(f"the drafter layer's config is invalid: {' '.join(str(e).split())}") from None
 
 
 def geometry(cfg: dict[str, Any], tensors: dict[str, torch.Tensor], prefix: str) -> LayerGeometry:
@@ -183,7 +192,7 @@ def import_eagle(name_or_path: str | Path, target: nn.Module | None = None, aux_
     path = resolve_reference(name_or_path, revision)
     if not (path / "config.json").is_file():
         raise HeadsError(f"{path} has no config.json")
-    cfg = json.loads((path / "config.json").read_text())
+    cfg = read_json_object(path / "config.json", HeadsError)
     tensors = {k.removeprefix("model."): v for k, v in read_weights(path).items()}
     tensors = {k: v for k, v in tensors.items() if k not in DROPPED}
     layout = detect_layout(tensors)

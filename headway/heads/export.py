@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from ..publish import publishing
+from ..config import read_json_object
+from ..publish import check_output_path, check_replaceable, publishing
 from .base import HeadsBase, check_finite, check_tokenizer, read_config, read_tensors, resolve_checkpoint
 from .configs import ExportConfig  # noqa: F401  (re-exported)
 from .export_layouts import (DTYPES, FORMATS, Export, ExportError, Spec, check_tensors,  # noqa: F401 (re-exported)
@@ -116,10 +117,39 @@ def write_atomic(out: Path, files: dict[str, Callable[[Path], None]]) -> Path:
     return out
 
 
+def export_provenance(folder: Path) -> dict[str, Any] | None:
+    """The ``headway`` section of an export folder's config.json (what ``_provenance`` writes), or None
+    when the folder holds no headway export."""
+    f = folder / "config.json"
+    try:
+        cfg = read_json_object(f, ExportError) if f.is_file() else {}
+    except ExportError:
+        return None
+    h = cfg.get("headway")
+    exported = isinstance(h, dict) and "kind" not in cfg and str(h.get("exported_by", "")).startswith("headway")
+    return h if exported else None
+
+
+def check_export_out(out: str | Path, fmt: str, source: str | Path | HeadsBase) -> Path:
+    """``out`` resolved, if an export may be written there: a new (or empty) folder, or one holding
+    only an earlier headway export to ``fmt``, and never the heads themselves or a folder above them
+    or inside them. Refuses before any work, with one line naming what is there."""
+    inputs = [] if isinstance(source, HeadsBase) else [source]
+    folder = check_output_path(out, "--out", inputs=inputs, below_inputs=False, replaced=True, error=ExportError)
+    earlier = check_replaceable(folder, f"--out {out}", "headway export", lambda p: export_provenance(p) is not None,
+                                lambda name: name in ("config.json", "README.md") or name.endswith(".safetensors"),
+                                ExportError)
+    if earlier and (was := export_provenance(folder).get("format")) != fmt:
+        raise ExportError(f"--out {out} holds a {was} export, not a {fmt} one; choose a new folder")
+    return folder
+
+
 def export_heads(source: str | Path | HeadsBase, fmt: str, out: str | Path,
                  target: nn.Module | str | Path | None = None, dtype: str | None = None,
                  revision: str | None = None) -> Path:
-    """Export heads (object, folder or Hub repo id) to ``out`` in an engine's format."""
+    """Export heads (object, folder or Hub repo id) to ``out`` in an engine's format: a new folder, or
+    one holding an earlier export to the same format, replaced atomically (``check_export_out``)."""
+    folder = check_export_out(out, fmt, source)
     ex = build_export(source, fmt, target, dtype, revision)
     kind = ex.config["headway"]["kind"]
     meta = {"format": "pt", "exported_by": "headway", "kind": kind, "engine": fmt}
@@ -128,7 +158,7 @@ def export_heads(source: str | Path | HeadsBase, fmt: str, out: str | Path,
         "config.json": lambda p: p.write_text(json.dumps(ex.config, indent=2) + "\n"),
         "README.md": lambda p: p.write_text(export_readme(ex, fmt)),
     }
-    return write_atomic(Path(out).expanduser(), files)
+    return write_atomic(folder, files)
 
 
 # -- CLI ----------------------------------------------------------------------------------------
@@ -137,6 +167,6 @@ def export_cli(cfg: ExportConfig) -> int:
 
     t0 = time.perf_counter()
     out = export_heads(cfg.heads, cfg.format, cfg.out, target=cfg.target, dtype=cfg.dtype, revision=cfg.revision)
-    print(f"exported {cfg.heads} for {cfg.format} into {out} ({time.perf_counter() - t0:.1f}s)")
+    print(f"exported {cfg.heads} for {cfg.format} into {cfg.out} ({time.perf_counter() - t0:.1f}s)")
     print((out / "README.md").read_text().split("## Load", 1)[1].split("## Files", 1)[0].strip())
     return 0

@@ -71,11 +71,12 @@ def check_finite(tensors: dict[str, torch.Tensor], where: str, error: type[Headw
 
 
 def read_reference_tensors(f: Path) -> dict[str, torch.Tensor]:
-    """A flat dict of tensors from .safetensors, or from .pt/.bin read weights-only."""
+    """A flat dict of tensors from .safetensors, or from .pt/.bin read weights-only; a missing,
+    truncated or foreign file is one ``HeadsError`` line naming it."""
     if f.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(str(f))
+        return read_tensors(f)
+    if not f.is_file():
+        raise HeadsError(f"{f.parent} has no {f.name}")
     try:
         sd = torch.load(str(f), map_location="cpu", weights_only=True)
     except Exception as e:  # pickled code, not plain tensors

@@ -28,9 +28,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..config import check_choice
+from ..config import check_choice, read_json_object
+from ..errors import HeadwayError
+from ..publish import check_output_path, check_replaceable
 from ..target import TargetInfo
 from .base import HeadsBase, HeadsError, load_state_strict
+from .files import is_heads_checkpoint, read_config
 from .files import read_reference_tensors as read_tensors
 from .configs import ImportConfig  # noqa: F401  (re-exported; light, for --help)
 from .medusa import MedusaConfig, MedusaHeads
@@ -137,7 +140,7 @@ def import_vllm_medusa(path: str | Path, target: nn.Module | None = None) -> Med
     """A vLLM Medusa folder (config.json + model.safetensors) -> ``MedusaHeads``; a ``token_map``
     (truncated vocabulary) becomes the heads' draft vocabulary."""
     folder = Path(path).expanduser()
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg = read_json_object(folder / "config.json", HeadsError)
     raw = read_tensors(folder / "model.safetensors")
     tensors = vllm_medusa_as_faster_decoding(raw)
     K, n, bias = medusa_layout(tensors, str(folder))
@@ -216,19 +219,54 @@ def detect_format(path: str | Path) -> str:
 
 
 def import_heads(path: str | Path, target: nn.Module | None = None, fmt: str = "auto") -> HeadsBase:
+    """A reference checkpoint (``fmt``, or detected from its files) as native heads. Every fault of
+    the checkpoint is one ``HeadsError`` line: a config whose values have the wrong type or
+    shape, which the readers do not each check, is named as such."""
     fmt = detect_format(path) if fmt == "auto" else fmt
     check_choice(fmt, tuple(IMPORTERS), "format")
-    return IMPORTERS[fmt](path, target=target)
+    try:
+        return IMPORTERS[fmt](path, target=target)
+    except HeadwayError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError) as e:
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise HeadsError(f"{path}: not a readable {fmt} checkpoint ({type(e).__name__}: {why}); is its config.json "
+                         "intact?") from None
+
+
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "README.md")  # what save_pretrained writes
+
+
+def check_import_out(out: str | Path, source: str | Path) -> Path:
+    """``out`` resolved, if imported heads may be saved there: a new (or empty) folder, or one holding
+    only an earlier heads checkpoint, and never the source itself or a folder above or inside it.
+    Refuses before any work, with one line naming what is there."""
+    folder = check_output_path(out, "--out", inputs=[source], below_inputs=False, replaced=True, error=HeadsError)
+    check_replaceable(folder, f"--out {out}", "headway heads checkpoint", is_heads_checkpoint,
+                      lambda name: name in CHECKPOINT_FILES, HeadsError)
+    return folder
+
+
+def import_checkpoint(source: str | Path, out: str | Path, target: nn.Module | None = None,
+                      fmt: str = "auto") -> HeadsBase:
+    """``import_heads`` saved as a native checkpoint in ``out``: a new folder, or one holding an
+    earlier checkpoint of the same kind, replaced atomically (``check_import_out``)."""
+    folder = check_import_out(out, source)
+    heads = import_heads(source, target=target, fmt=fmt)
+    if is_heads_checkpoint(folder) and (was := read_config(folder)["kind"]) != heads.kind:
+        raise HeadsError(f"--out {out} holds {was} heads, not {heads.kind} ones; choose a new folder")
+    heads.save_pretrained(folder)
+    return heads
 
 
 def import_cli(cfg: ImportConfig) -> int:
+    check_import_out(cfg.out, cfg.source)  # before the target loads
     target: Any = None
     if cfg.target:
         from ..target import resolve_target_path
         from ..target import load_target
 
         target, _ = load_target(resolve_target_path(cfg.target), device="cpu")
-    heads = import_heads(cfg.source, target=target, fmt=cfg.format)
-    out = heads.save_pretrained(cfg.out)
-    print(f"imported {heads.kind} heads from {cfg.source} into {out}")
+    heads = import_checkpoint(cfg.source, cfg.out, target=target, fmt=cfg.format)
+    print(f"imported {heads.kind} heads from {cfg.source} into {cfg.out}")
     return 0

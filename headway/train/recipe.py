@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 from ..config import ConfigError
 from ..heads.files import is_heads_checkpoint
 from ..progress import Progress
+from ..publish import check_output_path
 from .accel import (check_accumulation, check_optimizer, main_console, make_accelerator, reduce_mean, sharding_record,
                     trainable_only_hook)
 from .batch import stored_keys
@@ -114,6 +115,7 @@ class TrainRecipe:
         for what, path in (("training data", cfg.data), ("eval data", cfg.eval_data)):
             if path and not Path(path).expanduser().exists():
                 raise TrainError(f"{what} not found: {path}")
+        check_output_path(cfg.output_dir, "output_dir", error=TrainError)  # output_dir=afile/sub: refused here
         features = FeatureFolders(cfg)
         features.check()
         if cfg.features and not cfg.data:
