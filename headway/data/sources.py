@@ -457,3 +457,37 @@ def demo_samples(split: str, n: int, prompt_tokens: int, tokenizer: Any, seed: i
     texts = demo_prompts(split, n, prompt_tokens, tokenizer, seed)
     return [Sample(f"demo:{split}:{i}", prompt=t) for i, t in enumerate(texts)]
 
+
+# ---------------------------------------------------------------------------------------------
+# Raw rows, for readers with a row format of their own (``headway eval``'s suites)
+
+
+def table_rows(path: Path, split: str = "train") -> Iterator[tuple[str, Any]]:
+    """(location, raw row) of a ``.jsonl`` / ``.json`` / ``.parquet`` file or a ``save_to_disk``
+    folder (``split`` of a ``DatasetDict``), unnormalised; a malformed row raises ``BadRowError``."""
+    if path.is_dir():
+        for i, row in enumerate(_dataset_dir(path, split)):
+            yield f"{path}[{i}]", row
+        return
+    rows, where = _file_rows(path)
+    for i, row in rows:
+        if isinstance(row, BadRowError):
+            raise row
+        yield where(i), row
+
+
+def dataset_on_disk(name: str) -> bool:
+    """Whether Hub dataset ``name`` is on this machine already (the Hub cache's snapshot or
+    ``datasets``' own cache), so that reading it downloads nothing."""
+    import datasets
+
+    if _cached_snapshot(name) is not None:
+        return True
+    return (Path(datasets.config.HF_DATASETS_CACHE) / name.replace("/", "___")).is_dir()
+
+
+def dataset_rows(name: str, config: str | None, split: str) -> Iterator[tuple[str, Any]]:
+    """(location, raw row) of a Hub dataset's split, read as ``read_samples`` reads one."""
+    spec = SourceSpec(path=name, config=config)
+    for i, row in enumerate(_load_hub(spec, split)):
+        yield f"{spec.label()}[{i}]", row
