@@ -29,6 +29,7 @@ from headway.engines.spec_metrics import SpecCounters
 from headway.engines.vllm_client import EngineError
 from headway.heads import Eagle3Drafter, MedusaHeads
 from headway.testing import save_tiny_target, tiny_target
+from vllm_fakes import write_vllm_package
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -169,35 +170,11 @@ class LLM:
                 Counter("vllm:spec_decode_num_accepted_tokens", {}, sum(self.per_pos)),
                 Vector("vllm:spec_decode_num_accepted_tokens_per_pos", {}, list(self.per_pos))]
 '''
-READER = '''
-from dataclasses import dataclass
-
-
-@dataclass
-class Metric:
-    name: str
-    labels: dict
-
-
-@dataclass
-class Counter(Metric):
-    value: int
-
-
-@dataclass
-class Vector(Metric):
-    values: list
-'''
 
 
 def fake_python(root: Path, **env: str) -> Path:
     """This interpreter with the stand-in vllm package in its environment (and ``env``)."""
-    pkg = root / "fake" / "vllm"
-    (pkg / "v1" / "metrics").mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text(FAKE_VLLM)
-    for sub in ("v1", "v1/metrics"):
-        (pkg / sub / "__init__.py").write_text("")
-    (pkg / "v1" / "metrics" / "reader.py").write_text(READER)
+    write_vllm_package(root / "fake", FAKE_VLLM)
     sets = " ".join(f"{k}={v}" for k, v in env.items())
     script = root / ("python" + "-".join(env))
     script.write_text(f"#!/bin/sh\n{sets} PYTHONPATH={root / 'fake'} exec {sys.executable} \"$@\"\n")

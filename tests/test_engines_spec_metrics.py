@@ -2,13 +2,14 @@
 reports them (``vllm_worker.spec_metrics``, against a stand-in for ``vllm.v1.metrics.reader``), and the
 verdict that fails ``headway eval --engine vllm``: it names the category, and it can fail."""
 
+import json
 import sys
-import textwrap
 
 import pytest
 
 from headway.engines import spec_metrics as M
 from headway.engines.spec_metrics import SpecCounters, parity_problems
+from vllm_fakes import write_vllm_package
 
 
 def reading(drafts, per_pos, k=3):
@@ -56,34 +57,10 @@ def test_a_tolerance_allows_a_rate_gap_and_no_more():
     assert parity_problems("math", hw, near, 0.0)  # the same gap fails the default (equal counts)
 
 
-FAKE_READER = '''
-from dataclasses import dataclass
-
-@dataclass
-class Metric:
-    name: str
-    labels: dict
-
-@dataclass
-class Counter(Metric):
-    value: int
-
-@dataclass
-class Vector(Metric):
-    values: list
-
-@dataclass
-class Gauge(Metric):
-    value: float
-'''
 
 
 def test_the_worker_reads_vllm_s_counters_summed_over_engines(tmp_path, monkeypatch):
-    for pkg in ("vllm", "vllm/v1", "vllm/v1/metrics"):
-        (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
-        (tmp_path / pkg / "__init__.py").write_text("")
-    (tmp_path / "vllm/v1/metrics/reader.py").write_text(textwrap.dedent(FAKE_READER))
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(write_vllm_package(tmp_path)))
     for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         monkeypatch.delitem(sys.modules, name)
     from vllm.v1.metrics.reader import Counter, Gauge, Vector
@@ -102,10 +79,67 @@ def test_the_worker_reads_vllm_s_counters_summed_over_engines(tmp_path, monkeypa
     assert SpecCounters.from_metrics(got) == SpecCounters(10, 0, 5, (4, 2, 1))
 
 
-def test_the_worker_asks_for_stats_only_with_a_speculative_config():
-    """vLLM counts nothing with disable_log_stats (its default): the engine must turn stats on exactly
-    when a drafter is served (the distill worker stays as it was)."""
-    from pathlib import Path
+RECORDING_VLLM = """
+import json, os
 
-    src = Path(M.__file__).with_name("vllm_worker.py").read_text()
-    assert "speculative_config=spec" in src and "disable_log_stats=spec is None" in src
+__version__ = "0.0+fake"
+
+
+class SamplingParams:
+    def __init__(self, **kw):
+        self.max_tokens = kw["max_tokens"]
+
+
+class _Out:
+    def __init__(self, ids):
+        self.token_ids, self.finish_reason = ids, "length"
+
+
+class _Req:
+    def __init__(self, ids):
+        self.outputs = [_Out(ids)]
+
+
+class LLM:
+    def __init__(self, **kwargs):
+        with open(os.environ["FAKE_KWARGS"], "w") as f:
+            json.dump(kwargs, f)
+
+    def generate(self, prompts, params, use_tqdm=True):
+        return [_Req(list(range(p.max_tokens))) for p in params]
+
+    def get_metrics(self):
+        from vllm.v1.metrics.reader import Counter, Vector
+
+        return [Counter("vllm:spec_decode_num_drafts", {}, 7), Vector("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                                                      {}, [5, 2])]
+"""
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "eagle3", "model": "/x", "num_speculative_tokens": 2}])
+def test_the_worker_serves_a_drafter_with_stats_on_and_returns_the_counters(spec, tmp_path, monkeypatch):
+    """vLLM counts nothing with disable_log_stats (its default): the engine turns stats on exactly when it
+    serves a drafter, and a request asking for the counters gets them; without a drafter the engine is
+    started as ``headway distill --engine vllm`` always started it."""
+    import stat
+
+    from headway.engines.vllm_client import VllmWorker
+
+    write_vllm_package(tmp_path / "fake", RECORDING_VLLM)
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nFAKE_KWARGS={tmp_path / 'kw.json'} PYTHONPATH={tmp_path / 'fake'} "
+                      f"exec {sys.executable} \"$@\"\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    request = {"prompts": [[1, 2]], "seeds": [None], "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 3,
+               "stop_token_ids": []}
+    with VllmWorker(python, "model-dir", tmp_path / "work", speculative_config=spec) as worker:
+        assert worker.wait_ready() == "0.0+fake"
+        plain = worker.generate(request)
+        counted = worker.generate({**request, "metrics": True})
+    kwargs = json.loads((tmp_path / "kw.json").read_text())
+    assert plain == {"outputs": [{"token_ids": [0, 1, 2], "finish_reason": "length"}]}
+    assert counted["metrics"] == {M.DRAFTS: 7, M.PER_POSITION: [5, 2]}
+    if spec is None:
+        assert "speculative_config" not in kwargs and "disable_log_stats" not in kwargs
+    else:
+        assert kwargs["speculative_config"] == spec and kwargs["disable_log_stats"] is False

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..optional import need
+from .report import save_figure
 
 CARD_KEYS = ("prompts", "tau", "accepted_per_depth", "tokens_per_s", "speedup", "speedup_same_kernel", "exact_match")
 
@@ -157,12 +158,7 @@ def write_eval_plot(report: dict[str, Any], path: str | Path) -> Path:
     ax.set_title("acceptance by position" + (" (vLLM)" if report["engine"] == "vllm" else ""))
     if ax.lines:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------

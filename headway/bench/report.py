@@ -218,6 +218,13 @@ def write_plot(report: dict[str, Any], path: str | Path) -> Path:
     ax2.set_title(f"acceptance by depth (target greedy repetition {report['repetition_rate']:.0%})")
     if ax2.lines:
         ax2.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Write a matplotlib figure as a PNG (its folder made) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

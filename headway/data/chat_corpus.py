@@ -50,6 +50,18 @@ def _damaged(path: Path, why: str) -> DataError:
                      "(pip install --force-reinstall headway)")
 
 
+def _checked_bytes(path: Path, sha256: str) -> bytes:
+    """The file's bytes, refused unless their sha256 is the manifest's."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise _damaged(path, e.strerror or type(e).__name__) from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise _damaged(path, f"sha256 {digest[:16]}..., expected {sha256[:16]}...")
+    return data
+
+
 @lru_cache(maxsize=None)
 def _corpus(manifest_path: Path = MANIFEST) -> tuple[dict[str, tuple[ChatPrompt, ...]], int]:
     """({split: prompts}, dev size), checked against the manifest once per process."""
@@ -57,13 +69,7 @@ def _corpus(manifest_path: Path = MANIFEST) -> tuple[dict[str, tuple[ChatPrompt,
     if not {"file", "sha256", "splits", "dev"} <= manifest.keys():
         raise _damaged(manifest_path, "the manifest lacks file, sha256, splits or dev")
     path = manifest_path.with_name(manifest["file"])
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise _damaged(path, e.strerror or type(e).__name__) from None
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != manifest["sha256"]:
-        raise _damaged(path, f"sha256 {digest[:16]}..., expected {manifest['sha256'][:16]}...")
+    data = _checked_bytes(path, manifest["sha256"])
     splits: dict[str, list[ChatPrompt]] = {s: [] for s in SPLITS}
     try:
         for line in gzip.decompress(data).decode("utf-8").splitlines():
@@ -84,13 +90,7 @@ def _test_split(manifest_path: Path = MANIFEST) -> tuple[ChatPrompt, ...]:
     if not isinstance(entry, dict) or not {"file", "sha256", "count"} <= entry.keys():
         raise _damaged(manifest_path, "the manifest lacks the test split's file, sha256 or count")
     path = manifest_path.with_name(entry["file"])
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise _damaged(path, e.strerror or type(e).__name__) from None
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != entry["sha256"]:
-        raise _damaged(path, f"sha256 {digest[:16]}..., expected {entry['sha256'][:16]}...")
+    data = _checked_bytes(path, entry["sha256"])
     rows = [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines()]
     prompts = tuple(ChatPrompt(r["id"], r["family"], r["prompt"]) for r in rows if r["split"] == TEST)
     if len(prompts) != entry["count"]:
