@@ -61,8 +61,9 @@ def test_the_second_turn_is_asked_after_the_target_s_own_first_answer(folders):
     greedy = lambda ids: target.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False,  # noqa: E731
                                          pad_token_id=0)[0, len(ids):].tolist()
     calls = []
-    prompts, answers, fmt = suite_prompts([item], tok, tok.chat_template, "auto", "t", lambda ids: calls.append(ids)
-                                          or greedy(ids), [tok.eos_token_id])
+    built = suite_prompts([item], tok, tok.chat_template, "auto", "t", lambda ids: calls.append(ids) or greedy(ids),
+                          [tok.eos_token_id], room=512)
+    prompts, answers, fmt = built.prompts, built.answers, built.format
     assert [p.turn for p in prompts] == [1, 2] and fmt == "chat (template of the target)"
     first, second = prompts[0].ids, prompts[1].ids
     answer = answers[0]
@@ -79,10 +80,22 @@ def test_a_two_turn_question_needs_a_chat_template(folders):
     _, tok = load_target(str(folders / "raw-target"), dtype="float32", device="cpu")
     item = SuiteItem("81", "mt_bench", ("a", "b"), "writing")
     with pytest.raises(SuiteError, match=r"question 81 \(mt_bench\) has 2 turns.*pass chat_template=FILE.jinja"):
-        suite_prompts([item], tok, None, "auto", "raw-target", lambda ids: [], [])
+        suite_prompts([item], tok, None, "auto", "raw-target", lambda ids: [], [], room=512)
     one = SuiteItem("1", "qa", ("who?",))
-    prompts, _, fmt = suite_prompts([one], tok, None, "auto", "raw-target", lambda ids: [], [])
-    assert fmt == "raw" and prompts[0].ids == tok("who?")["input_ids"]
+    built = suite_prompts([one], tok, None, "auto", "raw-target", lambda ids: [], [], room=512)
+    assert built.format == "raw" and built.prompts[0].ids == tok("who?")["input_ids"] and built.too_long == []
+
+
+def test_turns_that_fill_the_context_are_left_out_with_the_turns_after_them(folders):
+    _, tok = load_target(str(folders / "target"), dtype="float32", device="cpu")
+    short = SuiteItem("1", "qa", ("who?",))
+    long_ = SuiteItem("2", "qa", ("word " * 300,))
+    two = SuiteItem("3", "mt_bench", ("a question", "a follow-up"), "writing")
+    answers = lambda ids: [5] * 40  # noqa: E731  (an answer that pushes the second turn past the room)
+    first = len(suite_prompts([two], tok, tok.chat_template, "auto", "t", answers, [], room=10_000).prompts[0].ids)
+    built = suite_prompts([short, long_, two], tok, tok.chat_template, "auto", "t", answers, [], room=first + 20)
+    assert [p.name for p in built.prompts] == ["1", "3#turn1"]
+    assert built.too_long == ["2", "3#turn2"]
 
 
 # ---- the protocol, per category

@@ -49,7 +49,7 @@ from .report import Record, median_ratio, summarize
 from .run import _peak_rss_bytes, _target_info, baselines, check_inputs, heads_adapter, headway_methods, \
     load_assistant, measure
 from .suite_prompts import SuitePrompt, suite_prompts
-from .suites import LoadedSuite, SuiteItem, load_suite, sample_per_category, select_categories
+from .suites import LoadedSuite, SuiteError, SuiteItem, load_suite, sample_per_category, select_categories
 
 SCHEMA = "headway.eval/1"
 CATEGORY_KEYS = ("prompts", "tau", "acceptance_length", "accepted_per_depth", "tokens_per_s", "speedup",
@@ -96,13 +96,13 @@ def method_entries(methods: Sequence[Method], records: dict[tuple[int, float], l
     return out
 
 
-def suite_info(suite: LoadedSuite, items: Sequence[SuiteItem], prompts: Sequence[SuitePrompt], cfg: EvalConfig,
+def suite_info(suite: LoadedSuite, prompts: Sequence[SuitePrompt], cfg: EvalConfig,
                prompt_format: str) -> dict[str, Any]:
-    order = [c for c in suite.categories() if any(i.category == c for i in items)]
+    order = [c for c in suite.categories() if any(p.category == c for p in prompts)]  # those with a prompt that fits
     return {"name": suite.info.name, "title": suite.info.title, "source": suite.source, "canonical": suite.canonical,
             "license": suite.info.license, "url": suite.info.url, "warnings": suite.warnings,
             "per_category": cfg.per_category, "seed": cfg.seed,
-            "categories": {c: {"questions": sum(i.category == c for i in items),
+            "categories": {c: {"questions": len({p.item for p in prompts if p.category == c}),
                                "prompts": sum(p.category == c for p in prompts)} for c in order},
             "prompt_format": prompt_format}
 
@@ -142,9 +142,15 @@ def evaluate(cfg: EvalConfig) -> dict[str, Any]:
     def answer(ids: list[int]) -> list[int]:  # the target's own greedy answer: HF generate, as the references
         return methods[0].generate(ids, max(1, min(cfg.max_new_tokens, room - len(ids))), 0.0, cfg.seed).ids
 
-    prompts, answers, prompt_format = suite_prompts(items, tok, template, cfg.prompt_format, cfg.target or "",
-                                                    answer, stops, cfg.chat_template)
-    info = suite_info(suite, items, prompts, cfg, prompt_format)
+    built = suite_prompts(items, tok, template, cfg.prompt_format, cfg.target or "", answer, stops, room,
+                          cfg.chat_template)
+    prompts, answers = built.prompts, built.answers
+    if built.too_long:
+        suite.warnings.append(f"{len(built.too_long)} turns fill the target's context of {room} positions and are "
+                              f"left out: {', '.join(built.too_long[:8])}" + (" ..." if len(built.too_long) > 8 else ""))
+    if not prompts:
+        raise SuiteError(f"no question of {cfg.suite} fits the target's context of {room} positions")
+    info = suite_info(suite, prompts, cfg, built.format)
     report: dict[str, Any] = {
         "schema": SCHEMA, "headway_version": __version__, "engine": cfg.engine,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

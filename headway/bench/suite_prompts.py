@@ -61,22 +61,32 @@ def stop_text(answer: Sequence[int], stop_ids: Sequence[int], tokenizer: Any) ->
     return tokenizer.decode(list(answer[-1:])) if answer and answer[-1] in stop_ids else None
 
 
+@dataclass
+class Built:
+    prompts: list[SuitePrompt]  # every turn that fits the context, in question order
+    answers: dict[int, list[int]]  # prompt index -> the target's greedy answer, where a later turn needed it
+    format: str  # how the prompts were formatted, for the report
+    too_long: list[str]  # the turns left out: no room for a new token in the target's context
+
+
 def suite_prompts(items: Sequence[SuiteItem], tokenizer: Any, template: str | None, prompt_format: str,
-                  target: str, answer: Answer, stop_ids: Sequence[int], template_from: str | None = None
-                  ) -> tuple[list[SuitePrompt], dict[int, list[int]], str]:
-    """(every turn's prompt, in question order; the target's greedy answers already written, by prompt
-    index; how the prompts were formatted, for the report). ``answer`` is called once per turn that
-    another turn follows."""
+                  target: str, answer: Answer, stop_ids: Sequence[int], room: int,
+                  template_from: str | None = None) -> Built:
+    """Every question's turns as token ids. ``answer`` is called once per turn that another turn
+    follows; a turn whose ids fill the target's context (``room`` positions) is left out, with the
+    turns after it."""
     plans = [question_plan(item, tokenizer, template, prompt_format, target) for item in items]  # all checked first
-    prompts: list[SuitePrompt] = []
-    answers: dict[int, list[int]] = {}
+    built = Built([], {}, describe_format(["raw" if p.raw else "chat" for p in plans], template_from), [])
     for item, plan in zip(items, plans):
         ids = list(plan.piece_ids[0])
-        prompts.append(SuitePrompt(item, 1, ids))
-        for turn in range(1, len(plan.pieces)):
-            reply = answer(ids)
-            answers[len(prompts) - 1] = reply
-            ids = ids + list(reply) + turn_ids(plan, turn, tokenizer, stop_text(reply, stop_ids, tokenizer))
-            prompts.append(SuitePrompt(item, turn + 1, ids))
-    formats = ["raw" if p.raw else "chat" for p in plans]
-    return prompts, answers, describe_format(formats, template_from)
+        for turn in range(1, len(plan.pieces) + 1):
+            prompt = SuitePrompt(item, turn, ids)
+            if len(ids) >= room:
+                built.too_long += [SuitePrompt(item, t, []).name for t in range(turn, len(plan.pieces) + 1)]
+                break
+            built.prompts.append(prompt)
+            if turn < len(plan.pieces):
+                reply = answer(ids)
+                built.answers[len(built.prompts) - 1] = reply
+                ids = ids + list(reply) + turn_ids(plan, turn, tokenizer, stop_text(reply, stop_ids, tokenizer))
+    return built

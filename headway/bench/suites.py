@@ -103,7 +103,7 @@ def catalogue() -> dict[str, SuiteInfo]:
     return {name: _info(name, entry) for name, entry in data["suites"].items()}
 
 
-SUITES = tuple(json.loads(CATALOGUE.read_text(encoding="utf-8"))["suites"])  # for --help's choices
+SUITES = tuple(catalogue())  # for --help's choices
 
 
 # ---------------------------------------------------------------------------------------------
