@@ -178,3 +178,17 @@ def test_the_per_category_sample_is_what_runs(folders):
                                                                                   "qa": 1}
     assert [m["name"] for m in rep["methods"]] == ["hf-generate", "eagle3[dynamic-4-5-16]"]
     assert all(m["speedup_same_kernel"] is None for m in rep["methods"])  # no same-kernel baseline asked for
+
+
+def test_without_matplotlib_the_plot_is_one_line_and_the_results_are_kept(folders, tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    cfg = config(folders, categories=["qa"], baselines=["none"], card=False, json=str(tmp_path / "r.json"),
+                 plot=str(tmp_path / "r.png"))
+    assert eval_cli(cfg) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["schema"] == SCHEMA and not (tmp_path / "r.png").exists()
+    lines = [x for x in capsys.readouterr().out.splitlines() if "installed" in x]
+    assert lines == ["plot skipped: matplotlib is not installed (pip install 'headway[plot]', or pip install "
+                     "matplotlib)"]
