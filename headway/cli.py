@@ -59,6 +59,9 @@ COMMANDS: dict[str, Command] = {
                     "headway.decode.cli:ChatConfig", "headway.decode.cli:chat_cli"),
     "bench": Command("Benchmark heads against HF generate / assisted / prompt lookup: tokens/s, tau, exact match.",
                      "headway.bench.configs:BenchConfig", "headway.bench.run:bench_cli"),
+    "eval": Command("Standard suites (mt-bench, humaneval, gsm8k, spec-bench) per category: tau, acceptance by "
+                    "position, speed against HF; --engine vllm compares with vLLM's own counters.",
+                    "headway.bench.eval_configs:EvalConfig", "headway.bench.evaluate:eval_cli"),
 }
 
 

@@ -26,7 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "heads": {"config", "target"},
     "train": {"config", "target", "data", "heads"},
     "decode": {"config", "target", "heads"},
-    "bench": {"config", "target", "data", "heads", "train", "decode"},
+    "bench": {"config", "target", "data", "heads", "train", "decode", "engines"},
     "engines": {"config", "target"},
     "demo": {"config", "target", "data", "heads", "train", "decode", "bench", "engines"},
     "cli": {"config", "target", "data", "heads", "train", "decode", "bench", "engines", "demo"},
@@ -279,7 +279,7 @@ def test_every_command_that_runs_a_target_takes_the_same_target_options():
     from headway.target import TargetArgs
 
     shared = {f.name: f.metadata["choices"] for f in dataclasses.fields(TargetArgs)}
-    for name in ("distill", "features", "train", "generate", "chat", "tune", "bench"):
+    for name in ("distill", "features", "train", "generate", "chat", "tune", "bench", "eval"):
         cls = _load(COMMANDS[name].config)
         assert issubclass(cls, TargetArgs), name
         assert {f.name: f.metadata["choices"] for f in dataclasses.fields(cls) if f.name in shared} == shared, name

@@ -13,7 +13,7 @@ from headway.data.errors import DataError
 from headway.data.samples import Sample
 from headway.data.sources import read_samples
 
-ID = re.compile(r"chat:(train|extra|heldout):([a-z_]+):(\d+)")
+ID = re.compile(r"chat:(train|extra|heldout|test):([a-z_]+):(\d+)")
 
 
 def _norm(text: str) -> str:
@@ -102,10 +102,10 @@ def test_read_samples_chat_source_is_a_stable_prefix(train):
     assert [(x.id, x.prompt, x.meta["family"]) for x in s] == [(p.id, p.text, p.family) for p in train[:50]]
     assert read_samples("chat:train", limit=50, seed=123).samples == s  # the seed changes nothing
     assert len(read_samples("chat:heldout").samples) == 330
-    with pytest.raises(DataError, match="chat:train or chat:extra or chat:heldout"):
-        read_samples("chat:test")
+    with pytest.raises(DataError, match="chat:train or chat:extra or chat:heldout or chat:dev or chat:test"):
+        read_samples("chat:final")
     with pytest.raises(DataError, match="unknown chat corpus split"):
-        cc.chat_prompts("test")
+        cc.chat_prompts("final")
 
 
 def test_dev_is_the_heldout_tail_that_bench_prefixes_never_reach(heldout):
@@ -117,3 +117,64 @@ def test_dev_is_the_heldout_tail_that_bench_prefixes_never_reach(heldout):
     assert not {s.prompt for s in bench} & {s.prompt for s in dev}
     assert [s.prompt for s in read_samples("chat:dev", limit=5).samples] == [s.prompt for s in dev[:5]]
 
+
+
+# ---- the test split: new prompts no choice has seen, and the other splits as they were before it
+
+
+def test_adding_the_test_split_left_every_other_split_as_it_was(train, heldout):
+    """The main file is byte for byte the one distilled datasets were made from (its sha256 pinned
+    before the test split existed), and dev, a view of it, holds the prompts it held."""
+    data = (cc.CORPORA / "chat.jsonl.gz").read_bytes()
+    assert hashlib.sha256(data).hexdigest()[:16] == "8af5799aa32d5dd7"
+    assert {s: len(cc.chat_prompts(s)) for s in ("train", "extra", "heldout", "dev")} == \
+        {"train": 3108, "extra": 2814, "heldout": 330, "dev": 120}
+    dev = hashlib.sha256("\n".join(p.id + "\t" + p.text for p in cc.chat_prompts("dev")).encode()).hexdigest()
+    assert dev[:16] == "0eccb100132529d0", dev[:16]
+    assert all(":test:" not in p.id for s in cc.SPLITS for p in cc.chat_prompts(s))
+
+
+def test_the_test_split_is_new_prompts_of_the_heldout_families(train, heldout):
+    test = cc.chat_prompts("test")
+    assert len(test) == 300 and Counter(p.family for p in test) == {f: 50 for f in {p.family for p in heldout}}
+    digest = hashlib.sha256("\n".join(p.id + "\t" + p.text for p in test).encode()).hexdigest()
+    assert digest[:16] == "c5db67e80b7e77f7", digest[:16]
+    keys = {_norm(p.text) for p in test}
+    assert len(keys) == len(test)  # no duplicates
+    for split in ("train", "extra", "heldout"):
+        assert not keys & {_norm(p.text) for p in cc.chat_prompts(split)}, split
+    for p in test:
+        m = ID.fullmatch(p.id)
+        assert m and m.group(1) == "test" and m.group(2) == p.family
+    assert len({p.family for p in test[:6]}) == 6  # interleaved round-robin, as every split
+
+
+def test_chat_test_is_a_prompt_source_like_chat_dev():
+    s = read_samples("chat:test", limit=4).samples
+    assert [x.id for x in s] == [p.id for p in cc.chat_prompts("test")[:4]]
+    assert all(x.prompt and x.meta["family"] for x in s)
+    assert cc.family_counts("test") == {f: 50 for f in cc.family_counts("heldout")}
+
+
+def test_a_damaged_test_file_is_refused_saying_to_reinstall(tmp_path):
+    shutil.copy(cc.MANIFEST, tmp_path / "chat.json")
+    data = bytearray((cc.CORPORA / "chat-test.jsonl.gz").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (tmp_path / "chat-test.jsonl.gz").write_bytes(bytes(data))
+    with pytest.raises(DataError, match=r"chat-test.jsonl.gz: the built-in chat corpus is damaged \(sha256 .*reinstall"):
+        cc._test_split(tmp_path / "chat.json")
+    (tmp_path / "chat-test.jsonl.gz").unlink()
+    with pytest.raises(DataError, match="damaged .*reinstall"):
+        cc._test_split(tmp_path / "chat.json")
+
+
+def test_no_recipe_or_script_reads_the_test_split():
+    """Choices are made on chat:dev: no shipped recipe, tune call or ablation script names chat:test
+    (``headway tune`` refuses it: tests/test_bench_eval_cli.py)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [f for folder in ("configs", "benchmarks", "examples", "experiments") for f in (root / folder).rglob("*")
+             if f.is_file() and f.suffix in (".yaml", ".yml", ".py", ".sh")]
+    assert len(files) > 20
+    assert [str(f.relative_to(root)) for f in files if "chat:test" in f.read_text(errors="replace")] == []

@@ -36,7 +36,19 @@ def test_the_generator_still_writes_the_shipped_prompts(cc, tmp_path):
     assert text["content_sha256"] == SHIPPED["content_sha256"] and text["splits"] == SHIPPED["splits"]
     assert cc.main(["--check"]) == 0
     assert cc.main(["--out", str(tmp_path)]) == 0
-    assert json.loads((tmp_path / "chat.json").read_text())["content_sha256"] == SHIPPED["content_sha256"]
+    written = json.loads((tmp_path / "chat.json").read_text())
+    assert written["content_sha256"] == SHIPPED["content_sha256"] and written["test"] == SHIPPED["test"]
+    assert (tmp_path / "chat-test.jsonl.gz").read_bytes() == (ROOT / "headway/data/corpora/chat-test.jsonl.gz").read_bytes()
+
+
+def test_the_test_split_does_not_depend_on_the_python_version_and_never_repeats_heldout(cc):
+    test = cc.chat_prompts("test")
+    digest = hashlib.sha256("\n".join(p.id("test") + "\t" + p.text for p in test).encode()).hexdigest()
+    assert digest[:16] == "c5db67e80b7e77f7", digest[:16]  # what the package ships (test_data_chat_corpus)
+    assert not {_norm(p.text) for p in test} & {_norm(p.text) for p in cc.chat_prompts("heldout")}
+    data, entry = cc.frozen_test_bytes()
+    assert entry["content_sha256"] == SHIPPED["test"]["content_sha256"] and entry["count"] == 300
+    assert cc.frozen_bytes()[1]["test"] == entry  # the manifest names the test file
 
 
 def test_heldout_does_not_depend_on_the_python_version(cc):

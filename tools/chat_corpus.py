@@ -1,7 +1,8 @@
 """The generator of headway's built-in chat prompt corpus (``chat:train`` / ``chat:extra`` /
-``chat:heldout`` / ``chat:dev``). Not part of the package: headway reads the frozen output,
-``headway/data/corpora/chat.jsonl.gz`` (its checksum in ``chat.json`` beside it), so every install
-reads the same prompts in the same order, whatever its Python version.
+``chat:heldout`` / ``chat:dev`` / ``chat:test``). Not part of the package: headway reads the frozen
+output, ``headway/data/corpora/chat.jsonl.gz`` and ``chat-test.jsonl.gz`` (their checksums in
+``chat.json`` beside them), so every install reads the same prompts in the same order, whatever its
+Python version.
 
     python tools/chat_corpus.py            # re-freeze into headway/data/corpora/ (changes the corpus!)
     python tools/chat_corpus.py --check    # does this generator, on this Python, still write the shipped file?
@@ -23,6 +24,10 @@ docstrings, short stdlib functions and the ``pydoc_data`` help topics).
 - **dev** (the last ``DEV_PROMPTS`` held-out prompts): for training-time evaluation and calibration
   (``chat:dev``). Benchmarks take a prefix of held-out prompts shorter than ``len(heldout) - DEV_PROMPTS``,
   so the prompts a benchmark times were never used to evaluate, calibrate or select heads.
+- **test** (~300 prompts of the six held-out families, ``TEST_PER_FAMILY`` each, drawn from random
+  streams of their own and never repeating a held-out prompt): the split reported numbers are
+  measured on, which no recipe choice, ``tune`` run or ablation reads. It ships in a file of its own
+  (``chat-test.jsonl.gz``), so adding it left ``chat.jsonl.gz`` byte for byte as it was.
 
 Everything is deterministic: each family draws from its own ``random.Random`` seeded by a fixed
 string, prompts are deduplicated by normalised text, and families are interleaved round-robin so any
@@ -49,11 +54,13 @@ from random import Random
 from typing import Callable, Sequence
 
 
-SPLITS = ("train", "heldout", "extra")
+SPLITS = ("train", "heldout", "extra", "test")
+MAIN_SPLITS = ("train", "extra", "heldout")  # chat.jsonl.gz; test has a file of its own
 SEED = "headway-chat-corpus-v1"
 TRAIN_PER_FAMILY = 84
 EXTRA_PER_FAMILY = 84  # more prompts of the train families, for more distilled data than train alone gives
 HELDOUT_PER_FAMILY = 55
+TEST_PER_FAMILY = 50  # the held-out families again, none repeating a held-out prompt
 DEV_PROMPTS = 120  # the held-out split's tail, all six families (round-robin order)
 MIN_CHARS, MAX_CHARS = 15, 800  # ~200 tokens at most for English text / short code
 SNIPPET_CHARS = 520
@@ -1365,7 +1372,8 @@ def families(split: str) -> tuple[Family, ...]:
     if split in ("train", "extra"):
         size = TRAIN_PER_FAMILY if split == "train" else EXTRA_PER_FAMILY
         return tuple(Family(n, split, m, size) for n, m in TRAIN_FAMILIES)
-    return tuple(Family(n, split, m, HELDOUT_PER_FAMILY) for n, m in HELDOUT_FAMILIES)
+    size = HELDOUT_PER_FAMILY if split == "heldout" else TEST_PER_FAMILY
+    return tuple(Family(n, split, m, size) for n, m in HELDOUT_FAMILIES)
 
 
 def _check_split(split: str) -> None:
@@ -1376,8 +1384,9 @@ def _check_split(split: str) -> None:
 VERBATIM_FAMILIES = frozenset({"py_api", "py_write", "code_explain", "code_review", "doc_summary"})  # quote sources
 
 
-def _draw(family: Family) -> list[str]:
-    """Up to ``family.size`` distinct prompts of one family, from its own fixed random stream."""
+def _draw(family: Family, exclude: frozenset[str] = frozenset()) -> list[str]:
+    """Up to ``family.size`` distinct prompts of one family, from its own fixed random stream; prompts
+    whose normalised text is in ``exclude`` are skipped (drawn, not counted)."""
     r = Random(f"{SEED}:{family.split}:{family.name}")
     seen: set[str] = set()
     out: list[str] = []
@@ -1388,7 +1397,7 @@ def _draw(family: Family) -> list[str]:
             text = family.make(r).strip()
             text = text if family.name in VERBATIM_FAMILIES else _articles(text)
             key = _norm(text)
-            if MIN_CHARS <= len(text) <= MAX_CHARS and key not in seen:
+            if MIN_CHARS <= len(text) <= MAX_CHARS and key not in seen and key not in exclude:
                 seen.add(key)
                 out.append(text)
     except NoMaterial:  # a Python without these stdlib sources: the family is left out
@@ -1400,9 +1409,12 @@ def _draw(family: Family) -> list[str]:
 def chat_prompts(split: str) -> tuple[ChatPrompt, ...]:
     """Every prompt of ``split``, families interleaved round-robin (so any prefix is varied)."""
     _check_split(split)
-    drawn = [(f.name, _draw(f)) for f in families(split)]
-    # extra draws from the train families' subjects with other random streams; never a train prompt again
-    seen: set[str] = {_norm(p.text) for p in chat_prompts("train")} if split == "extra" else set()
+    # extra draws from the train families' subjects with other random streams, never a train prompt again;
+    # test from the held-out families' with other streams, never a held-out prompt again
+    before = {"extra": "train", "test": "heldout"}.get(split)
+    seen: set[str] = {_norm(p.text) for p in chat_prompts(before)} if before else set()
+    exclude = frozenset(seen) if split == "test" else frozenset()  # (extra keeps the draws it was frozen with)
+    drawn = [(f.name, _draw(f, exclude)) for f in families(split)]
     columns: list[list[ChatPrompt]] = []
     for name, texts in drawn:  # dedupe across families too, keeping the earlier family's copy
         col = []
@@ -1425,20 +1437,35 @@ def family_counts(split: str) -> dict[str, int]:
 
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "headway" / "data" / "corpora"
+TEST_FILE = "chat-test.jsonl.gz"
+
+
+def _gzip_rows(splits: Sequence[str]) -> tuple[bytes, bytes, list[dict[str, str]]]:
+    """(gzip'd JSON lines, the uncompressed text, the rows) of ``splits``, each in its round-robin
+    order; gzip mtime 0, so the bytes depend only on the prompts."""
+    rows = [{"id": p.id(split), "split": split, "family": p.family, "prompt": p.text}
+            for split in splits for p in chat_prompts(split)]
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+    return gzip.compress(text, compresslevel=9, mtime=0), text, rows
+
+
+def frozen_test_bytes() -> tuple[bytes, dict[str, object]]:
+    """The test split's file (``chat-test.jsonl.gz``, rows as in the main file) and its manifest entry."""
+    data, text, rows = _gzip_rows(("test",))
+    return data, {"file": TEST_FILE, "sha256": hashlib.sha256(data).hexdigest(),
+                  "content_sha256": hashlib.sha256(text).hexdigest(), "count": len(rows),
+                  "families": sorted({r["family"] for r in rows})}
 
 
 def frozen_bytes() -> tuple[bytes, dict[str, object]]:
     """The corpus as the package ships it: gzip'd JSON lines (``id``, ``split``, ``family``,
-    ``prompt``; train, extra, then heldout, each in its round-robin order; gzip mtime 0, so the bytes
-    depend only on the prompts), and its manifest (checksum, counts, the dev tail, provenance)."""
-    rows = [{"id": p.id(split), "split": split, "family": p.family, "prompt": p.text}
-            for split in ("train", "extra", "heldout") for p in chat_prompts(split)]
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
-    data = gzip.compress(text, compresslevel=9, mtime=0)
+    ``prompt``; train, extra, then heldout), and its manifest (checksum, counts, the dev tail, the
+    test split's own file, provenance)."""
+    data, text, rows = _gzip_rows(MAIN_SPLITS)
     manifest = {"file": "chat.jsonl.gz", "sha256": hashlib.sha256(data).hexdigest(),  # what headway checks
                 "content_sha256": hashlib.sha256(text).hexdigest(),  # the prompts (another zlib may compress differently)
-                "splits": {s: sum(r["split"] == s for r in rows) for s in ("train", "extra", "heldout")},
-                "dev": {"split": "heldout", "last": DEV_PROMPTS}, "seed": SEED,
+                "splits": {s: sum(r["split"] == s for r in rows) for s in MAIN_SPLITS},
+                "dev": {"split": "heldout", "last": DEV_PROMPTS}, "test": frozen_test_bytes()[1], "seed": SEED,
                 "generator": "tools/chat_corpus.py", "python": platform.python_version()}
     return data, manifest
 
@@ -1453,15 +1480,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     data, manifest = frozen_bytes()
     if args.check:
         shipped = json.loads((args.out / "chat.json").read_text(encoding="utf-8"))
-        same = shipped["content_sha256"] == manifest["content_sha256"]
+        same = shipped["content_sha256"] == manifest["content_sha256"] and \
+            (shipped.get("test") or {}).get("content_sha256") == manifest["test"]["content_sha256"]
         print(f"{'same prompts as' if same else 'DIFFERS from'} the shipped corpus (content sha256 "
               f"{manifest['content_sha256'][:16]} here, {shipped['content_sha256'][:16]} shipped, frozen on Python "
               f"{shipped['python']})")
         return 0 if same else 1
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "chat.jsonl.gz").write_bytes(data)
+    (args.out / TEST_FILE).write_bytes(frozen_test_bytes()[0])
     (args.out / "chat.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out / 'chat.jsonl.gz'} ({len(data):,} bytes, sha256 {manifest['sha256']}): {manifest['splits']}")
+    print(f"wrote {args.out / 'chat.jsonl.gz'} ({len(data):,} bytes, sha256 {manifest['sha256']}): {manifest['splits']}; "
+          f"{args.out / TEST_FILE}: test {manifest['test']['count']}")
     return 0
 
 

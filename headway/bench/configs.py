@@ -17,6 +17,18 @@ from ..decode.args import check_decode_args
 
 
 
+REPORTING_SPLIT = "chat:test"  # reported numbers come from it; no choice may read it (docs/benchmarks.md)
+
+
+def refuse_reporting_split(source: Any, what: str) -> None:
+    """Choices are made on ``chat:dev``: a command that chooses refuses the reporting split."""
+    from ..data.source_spec import parse_sources
+
+    if any(spec.path == REPORTING_SPLIT for spec in parse_sources(source)):
+        raise ConfigError(f"{what} reads {REPORTING_SPLIT}, the split reported numbers are measured on, which no "
+                          "choice may see (tune chooses the tree): tune on chat:dev, report on chat:test")
+
+
 @dataclass
 class TuneConfig(DecodeTargetArgs):
     target: str | None = opt(None, "target model (required): a folder, a Hub id, or 'demo'", kw_only=True)
@@ -50,6 +62,7 @@ class TuneConfig(DecodeTargetArgs):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        refuse_reporting_split(self.prompts, "'prompts'")
         if not self.temperatures:
             raise ConfigError("'temperatures' needs one or more values >= 0")
         for t in self.temperatures:

@@ -75,6 +75,14 @@ def per_repeat_rate(records: Sequence[Record]) -> dict[int, float]:
     return {r: tokens[r] / seconds[r] if seconds[r] else 0.0 for r in sorted(tokens)}
 
 
+def median_ratio(records: Sequence[Record], baseline: Sequence[Record]) -> float | None:
+    """Median over repeats of this method's tokens/s over the baseline's in the same repeat (None
+    without a common repeat): ratios within a repeat cancel the load of a shared machine."""
+    rates, base = per_repeat_rate(records), per_repeat_rate(baseline)
+    ratios = [rates[r] / base[r] for r in rates if base.get(r)]
+    return statistics.median(ratios) if ratios else None
+
+
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     """Index of the first differing token (or the shorter length), None when equal."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -93,7 +101,7 @@ def summarize(method: Method, temperature: float, records: Sequence[Record], bas
               reference: Sequence[Sequence[int]]) -> dict[str, Any]:
     """One ``methods`` entry of the JSON report (see the module docstring)."""
     runs = [run for _, _, run in records]
-    rates, base = per_repeat_rate(records), per_repeat_rate(baseline)
+    rates = per_repeat_rate(records)
     new_tokens = sum(len(r.ids) for r in runs)
     forwards = sum(r.target_forwards for r in runs)
     seconds = sum(r.seconds for r in runs)
@@ -111,7 +119,7 @@ def summarize(method: Method, temperature: float, records: Sequence[Record], bas
         "temperature": temperature, "lossless": True,
         "tokens_per_s": statistics.median(rates.values()),
         "tokens_per_s_by_repeat": list(rates.values()),
-        "speedup": statistics.median(rates[r] / base[r] for r in rates if base.get(r)),
+        "speedup": median_ratio(records, baseline),
         "tau": new_tokens / forwards if forwards else 0.0,
         # each run's prefill forward emits its first token; the other forwards are decoding steps
         "acceptance_length": (new_tokens - len(runs)) / (forwards - len(runs)) if forwards > len(runs) else None,
@@ -210,6 +218,13 @@ def write_plot(report: dict[str, Any], path: str | Path) -> Path:
     ax2.set_title(f"acceptance by depth (target greedy repetition {report['repetition_rate']:.0%})")
     if ax2.lines:
         ax2.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Write a matplotlib figure as a PNG (its folder made) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -255,16 +255,21 @@ class _Progress:
         self.bar.__exit__(None, None, None)
 
 
-def measure(methods: Sequence[Method], prompts: Sequence[list[int]], cfg: BenchConfig, room: int
-            ) -> tuple[list[list[int]], dict[tuple[int, float], list[Record]]]:
-    """Reference greedy completions (HF ``generate``, methods[0]), warm-up, then the timed runs."""
+def measure(methods: Sequence[Method], prompts: Sequence[list[int]], cfg: BenchConfig, room: int,
+            known: dict[int, list[int]] | None = None) -> tuple[list[list[int]], dict[tuple[int, float], list[Record]]]:
+    """Reference greedy completions (HF ``generate``, methods[0]; ``known``: those already written, by
+    prompt index), warm-up, then the timed runs."""
     max_new = [max(1, min(cfg.max_new_tokens, room - len(p))) for p in prompts]
-    total = len(prompts) + cfg.warmup * len(methods) * len(cfg.temperature) + \
+    known = known or {}
+    total = len(prompts) - len(known) + cfg.warmup * len(methods) * len(cfg.temperature) + \
         cfg.repeats * len(prompts) * len(cfg.temperature) * len(methods)
     bar = _Progress(cfg.progress, total)
     try:
         reference = []
         for i, p in enumerate(prompts):
+            if i in known:
+                reference.append(list(known[i]))
+                continue
             reference.append(methods[0].generate(p, max_new[i], 0.0, cfg.seed).ids)
             bar.step("reference greedy")
         for w in range(cfg.warmup):

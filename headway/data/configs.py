@@ -29,7 +29,7 @@ class DistillConfig(TargetArgs):
     source: Any = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations | instruction "
                            "rows), a datasets folder, a Hub dataset (org/name, org/name:config@split), preset:sharegpt "
                            "/ preset:ultrachat, demo:train / demo:heldout, the built-in chat instructions chat:train "
-                           "/ chat:extra / chat:heldout / chat:dev, or a source spec: a mapping ('{path: ..., split: "
+                           "/ chat:extra / chat:heldout / chat:dev / chat:test, or a source spec: a mapping ('{path: ..., split: "
                            "..., columns: {...}, shuffle: true, sample: N, streaming: true}') or a list of them, mixed "
                            "by weight (docs/data.md)", positional=True)
     output: str = opt("runs/distilled", "output folder (resumed if it holds shards of the same settings)")

@@ -41,7 +41,7 @@ from .feature_format import (FORMAT as FEATURES_FORMAT, MANIFEST as FEATURES_MAN
                              features_command, finish_features, layer_indices, pack_shard, parse_layers)
 from .generation import FeatureSpec, Generate, hf_generate, stop_token_ids
 from .configs import DistillConfig  # noqa: F401  (re-exported; light, for --help)
-from .plans import Plan, fit_budget, make_plan
+from .plans import Plan, fit_budget, make_plan, turn_ids
 from ..locking import LOCK, output_lock
 from ..publish import publish, publishing
 from .shards import (check_settings, complete_shards, digest, link_or_copy, owned_shards, read_json, remove_stale,
@@ -101,11 +101,7 @@ def distill_batch(generate: Generate, tokenizer: Any, plans: list[Plan], seed: i
         active = [c for c in convs if len(c.plan.pieces) > turn]
         if turn:
             for c in active:
-                piece = c.plan.pieces[turn]
-                if c.stop_text and piece.startswith(c.stop_text):  # the target already wrote the end of turn
-                    c.add(tokenizer(piece[len(c.stop_text):], add_special_tokens=False)["input_ids"], False)
-                else:
-                    c.add(c.plan.piece_ids[turn], False)
+                c.add(turn_ids(c.plan, turn, tokenizer, c.stop_text), False)
         answers = generate([c.input_ids for c in active], batch_seed(seed, plans[0].index, turn),
                            [batch_seed(seed, c.plan.index, turn) for c in active])
         for c, a in zip(active, answers):

@@ -62,6 +62,16 @@ def prompt_ids(sample: Sample, tokenizer: Any, template: str | None, prompt_form
     return plan.piece_ids[0], "raw" if plan.raw else "chat"
 
 
+def turn_ids(plan: Plan, turn: int, tokenizer: Any, stop_text: str | None) -> list[int]:
+    """The template's tokens between the target's answer ``turn - 1`` and answer ``turn`` (``turn`` >= 1),
+    as ``headway distill`` conditions a later answer: the end-of-turn text the previous answer already
+    wrote (``stop_text``: its stop token, decoded; None when it ran out of tokens) is not repeated."""
+    piece = plan.pieces[turn]
+    if stop_text and piece.startswith(stop_text):
+        return list(tokenizer(piece[len(stop_text):], add_special_tokens=False)["input_ids"])
+    return plan.piece_ids[turn]
+
+
 def describe_format(formats: list[str], template_from: str | None = None) -> str:
     """How a run's prompts were formatted, for reports: "raw", "chat (template of the target)",
     "chat (template from FILE)", or "mixed: chat (...) for 3, raw for 5" (``formats``: one per prompt)."""

@@ -3,9 +3,10 @@
 A source is one string:
 
 - ``demo:train`` / ``demo:heldout``: code prefixes from the demo target's corpus;
-- ``chat:train`` / ``chat:extra`` / ``chat:heldout`` / ``chat:dev``: the built-in chat instruction corpus
-  (``chat_corpus``: a file shipped in the package; no download); ``chat:extra`` is more prompts of the train families (none repeats a train
+- ``chat:train`` / ``chat:extra`` / ``chat:heldout`` / ``chat:dev`` / ``chat:test``: the built-in chat
+  instruction corpus (``chat_corpus``: files shipped in the package; no download); ``chat:extra`` is more prompts of the train families (none repeats a train
   prompt); ``chat:dev`` is the held-out split's tail, for evaluation and calibration, never benchmarked;
+  ``chat:test`` is new prompts of the held-out families that no choice reads, for reported numbers;
 - a ``.jsonl`` / ``.json`` / ``.parquet`` file of rows with ``prompt``, ``messages`` (OpenAI
   roles) or ``conversations`` (ShareGPT ``from``/``value``);
 - a folder written by ``datasets.save_to_disk`` (a ``DatasetDict`` uses ``split``);
@@ -40,7 +41,8 @@ from .samples import Sample, normalize_row
 from .source_spec import FILE_SUFFIXES, FORMAT_FIELDS, SourceSpec, parse_sources
 
 DEMO_SPLITS = {"demo:train": "train", "demo:heldout": "heldout"}
-CHAT_SPLITS = {"chat:train": "train", "chat:extra": "extra", "chat:heldout": "heldout", "chat:dev": "dev"}
+CHAT_SPLITS = {"chat:train": "train", "chat:extra": "extra", "chat:heldout": "heldout", "chat:dev": "dev",
+               "chat:test": "test"}
 DEFAULT_DEMO_PROMPTS = 256
 STREAM_SHUFFLE_BUFFER = 10_000
 
@@ -481,3 +483,38 @@ def demo_samples(split: str, n: int, prompt_tokens: int, tokenizer: Any, seed: i
         raise DataError("demo prompt sources need the target's tokenizer")
     texts = demo_prompts(split, n, prompt_tokens, tokenizer, seed)
     return [Sample(f"demo:{split}:{i}", prompt=t) for i, t in enumerate(texts)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw rows, for readers with a row format of their own (``headway eval``'s suites)
+
+
+def table_rows(path: Path, split: str = "train") -> Iterator[tuple[str, Any]]:
+    """(location, raw row) of a ``.jsonl`` / ``.json`` / ``.parquet`` file or a ``save_to_disk``
+    folder (``split`` of a ``DatasetDict``), unnormalised; a malformed row raises ``BadRowError``."""
+    if path.is_dir():
+        for i, row in enumerate(_dataset_dir(path, split)):
+            yield f"{path}[{i}]", row
+        return
+    rows, where = _file_rows(path)
+    for i, row in rows:
+        if isinstance(row, BadRowError):
+            raise row
+        yield where(i), row
+
+
+def dataset_on_disk(name: str) -> bool:
+    """Whether Hub dataset ``name`` is on this machine already (the Hub cache's snapshot or
+    ``datasets``' own cache), so that reading it downloads nothing."""
+    import datasets
+
+    if _cached_snapshot(name) is not None:
+        return True
+    return (Path(datasets.config.HF_DATASETS_CACHE) / name.replace("/", "___")).is_dir()
+
+
+def dataset_rows(name: str, config: str | None, split: str) -> Iterator[tuple[str, Any]]:
+    """(location, raw row) of a Hub dataset's split, read as ``read_samples`` reads one."""
+    spec = SourceSpec(path=name, config=config)
+    for i, row in enumerate(_load_hub(spec, split)):
+        yield f"{spec.label()}[{i}]", row

@@ -70,10 +70,12 @@ class VllmWorker:
     """
 
     def __init__(self, python: Path, model: str, workdir: Path, *, dtype: str = "float32", max_model_len: int = 2048,
-                 seed: int = 0) -> None:
+                 seed: int = 0, speculative_config: dict[str, Any] | None = None) -> None:
+        """``speculative_config``: vLLM's own (method, model, num_speculative_tokens); requests may then
+        ask for its spec-decode counters (``"metrics": true``)."""
         self.python, self.workdir, self.n = python, workdir, 0
         self.engine = {"model": model, "dtype": dtype, "max_model_len": max_model_len, "seed": seed,
-                       "parent_pid": os.getpid()}
+                       "parent_pid": os.getpid(), "speculative_config": speculative_config}
         self.proc: subprocess.Popen | None = None
         self.log = workdir / "worker.log"
         self.version = "unknown"

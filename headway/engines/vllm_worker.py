@@ -5,7 +5,8 @@ its torch / transformers versions).
     VLLM_PYTHON vllm_worker.py WORKDIR
 
 ``WORKDIR/engine.json`` names the model and the engine's settings (``model``, ``dtype``,
-``max_model_len``, ``seed``, ``parent_pid``). The worker starts one engine, writes ``ready.json``
+``max_model_len``, ``seed``, ``parent_pid``; optionally ``speculative_config``, vLLM's own dict,
+which also turns on vLLM's statistics so that its spec-decode counters can be read). The worker starts one engine, writes ``ready.json``
 (``{"vllm": version}``), then answers ``req-00001.json``, ``req-00002.json``, ... with
 ``res-NNNNN.json``, in order, until a request says ``{"stop": true}`` or the parent process is gone
 (a thread watches for that even mid-request, so a killed headway leaves no engine behind). A request::
@@ -13,7 +14,9 @@ its torch / transformers versions).
     {"prompts": [[ids]], "seeds": [int | null], "temperature": float, "top_p": float, "top_k": int,
      "max_tokens": int, "stop_token_ids": [int]}
 
-and its result ``{"outputs": [{"token_ids": [...], "finish_reason": "stop" | "length"}]}``. Every
+and its result ``{"outputs": [{"token_ids": [...], "finish_reason": "stop" | "length"}]}``; a request
+with ``"metrics": true`` also gets ``"metrics"``: vLLM's ``vllm:spec_decode*`` counters after it, as
+``{name: number}`` (``{name: [number per draft position]}`` for a vector), summed over engines. Every
 file is written under a temporary name and renamed: a reader never sees half a file. A failure
 writes ``error.json`` (``{"phase": "import" | "start" | "generate", "error": "Type: message"}``)
 and exits 1.
@@ -63,8 +66,30 @@ def answer(llm: object, sampling_params: type, req: dict) -> dict:
                               detokenize=False)
               for seed in req["seeds"]]
     outs = llm.generate([{"prompt_token_ids": p} for p in req["prompts"]], params, use_tqdm=False)
-    return {"outputs": [{"token_ids": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason}
-                        for o in outs]}
+    result = {"outputs": [{"token_ids": list(o.outputs[0].token_ids), "finish_reason": o.outputs[0].finish_reason}
+                          for o in outs]}
+    if req.get("metrics"):
+        result["metrics"] = spec_metrics(llm)
+    return result
+
+
+def spec_metrics(llm: object) -> dict:
+    """vLLM's spec-decode counters now (cumulative since the engine started), summed over engines:
+    a counter as a number, a vector (one count per draft position) as a list."""
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    out: dict = {}
+    for m in llm.get_metrics():
+        if not m.name.startswith("vllm:spec_decode"):
+            continue
+        if isinstance(m, Vector):
+            old = out.get(m.name, [])
+            width = max(len(old), len(m.values))
+            out[m.name] = [(old[i] if i < len(old) else 0) + (m.values[i] if i < len(m.values) else 0)
+                           for i in range(width)]
+        elif isinstance(m, Counter):
+            out[m.name] = out.get(m.name, 0) + m.value
+    return out
 
 
 def main(workdir: Path) -> int:
@@ -77,8 +102,10 @@ def main(workdir: Path) -> int:
 
         phase = "start"
         # generation_config="vllm": neutral sampling defaults; the stop tokens come with each request
+        spec = job.get("speculative_config")  # a drafter: with vLLM's stats on, so its counters count
+        drafting = {"speculative_config": spec, "disable_log_stats": False} if spec else {}
         llm = LLM(model=job["model"], dtype=job["dtype"], max_model_len=job["max_model_len"], seed=job["seed"],
-                  enforce_eager=True, generation_config="vllm")
+                  enforce_eager=True, generation_config="vllm", **drafting)
         write(workdir / "ready.json", {"vllm": getattr(vllm, "__version__", "unknown")})
         phase = "generate"
         n = 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import yaml
@@ -138,6 +138,55 @@ def acceptance_section(ev: dict[str, Any]) -> list[str]:
     return lines + _json_block("all evaluation numbers", ev)
 
 
+def _num(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if value is None else format(float(value), spec) + suffix
+
+
+def _by_position(rates: list[float] | None) -> str:
+    return " / ".join(f"{float(r):.2f}" for r in rates) if rates else "-"
+
+
+def _suite_table(categories: dict[str, Any], overall: dict[str, Any] | None) -> list[str]:
+    lines = ["| category | prompts | τ | acceptance by position | tokens/s | × HF generate | × same kernel |",
+             "|---|---|---|---|---|---|---|"]
+    rows = list(categories.items()) + ([("**all**", overall)] if overall else [])
+    for name, e in rows:
+        lines.append(f"| {name} | {e.get('prompts', '')} | {_num(e.get('tau'))} | {_by_position(e.get('accepted_per_depth'))} "
+                     f"| {_num(e.get('tokens_per_s'), '.1f')} | {_num(e.get('speedup'), '.2f', '×')} "
+                     f"| {_num(e.get('speedup_same_kernel'), '.2f', '×')} |")
+    return lines
+
+
+def suites_section(suites: dict[str, Any]) -> list[str]:
+    """The standard suites' per-category tables that ``headway eval`` stored (``metadata["suites"]``)."""
+    lines = ["", "## Standard suites", "",
+             "Measured with `headway eval`: τ is new tokens per target forward (bonus included); speedups are "
+             "tokens/s against HF `generate` and against HF `generate` with the decoder's few-row linear kernel "
+             "(the same-kernel baseline), on the machine named below."]
+    for s in suites.values():
+        if not isinstance(s, dict):
+            continue
+        engine = " in vLLM" if s.get("engine") == "vllm" else ""
+        sample = f", {s['per_category']} per category (seed {s.get('seed')})" if s.get("per_category") else ""
+        canonical = {True: "the canonical file", False: "not the canonical file"}.get(s.get("canonical"), "")
+        lines += ["", f"### {s.get('suite')}{engine}", "",
+                  f"{s.get('questions')} questions{sample} from {last_component(str(s.get('source', '')))}"
+                  + (f" ({canonical})" if canonical else "") + f", {s.get('max_new_tokens')} new tokens, "
+                  f"{s.get('threads')} threads, {s.get('created')}."]
+        for m in s.get("methods") or []:
+            lines += ["", f"`{m.get('name')}` at T={m.get('temperature')}:", ""]
+            lines += _suite_table(m.get("categories") or {}, m.get("all"))
+        if s.get("comparisons"):
+            lines += ["", f"vLLM {s.get('vllm_version')} against headway's decoder (greedy chains of k; τ = 1 + "
+                          "accepted / drafts):", "",
+                      "| category | prompts | k | τ headway | τ vLLM | vLLM acceptance by position | agree |",
+                      "|---|---|---|---|---|---|---|"]
+            lines += [f"| {c.get('category')} | {c.get('prompts')} | {c.get('k')} | {_num(c.get('tau_headway'), '.3f')} "
+                      f"| {_num(c.get('tau_vllm'), '.3f')} | {_by_position(c.get('rate_per_position_vllm'))} "
+                      f"| {'yes' if c.get('ok') else 'no'} |" for c in s["comparisons"]]
+    return lines
+
+
 def license_section(license: str, view: TargetView) -> list[str]:
     if license == OTHER_LICENSE:
         text = (f"`other`: these weights are derived from the target ({view.label}); check the target model's "
@@ -172,6 +221,8 @@ def model_card(cfg: dict[str, Any], repo_id: str | None = None, license: str | N
         lines += training_section(meta["training"])
     if meta.get("eval"):
         lines += acceptance_section(meta["eval"])
+    if meta.get("suites"):
+        lines += suites_section(meta["suites"])
     if meta.get("decode"):
         lines += ["", "## Decoding", "", "```json", json.dumps(scrub_paths(meta["decode"]), indent=2), "```"]
     lines += ["", "## Use", "", "```python", "from headway.decode import Speculator", "",
@@ -180,6 +231,21 @@ def model_card(cfg: dict[str, Any], repo_id: str | None = None, license: str | N
               f"Engines: `headway export {heads} --format vllm|sglang|trtllm|speculators --out DIR`."]
     lines += license_section(license, view)
     return "\n".join(lines) + "\n"
+
+
+def refresh_card(heads_dir: str | Path) -> Path | None:
+    """Write the checkpoint's README.md again from its config.json (after ``update_metadata``), when
+    the README there is headway's own card (or missing); a card of the user's own is left as it is
+    (None). The weights are not touched."""
+    from ..publish import write_text
+    from .files import read_config
+
+    folder = Path(heads_dir).expanduser()
+    readme = folder / "README.md"
+    if readme.is_file() and "library_name: headway" not in readme.read_text(encoding="utf-8", errors="replace")[:400]:
+        return None
+    write_text(readme, model_card(read_config(folder)))
+    return readme
 
 
 def export_card(cfg: dict[str, Any], readme: str, repo_id: str | None = None, license: str | None = None) -> str:
