@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from headway.adapt import generations
 from headway.adapt.configs import AdaptConfig
 from headway.adapt.errors import AdaptError
 from headway.adapt.run import adapt
@@ -105,7 +106,7 @@ def test_a_round_publishes_heads_that_beat_the_served_ones_with_their_lineage(se
     assert (tmp_path / "vllm" / "config.json").is_file()
 
 
-def test_a_rejected_round_leaves_the_served_heads_byte_identical(setup, tmp_path, capsys):
+def test_a_rejected_round_leaves_the_served_heads_byte_identical(setup, tmp_path, capsys, monkeypatch):
     served = tmp_path / "served"
     shutil.copytree(setup[1], served)
     before = files(served)
@@ -118,9 +119,16 @@ def test_a_rejected_round_leaves_the_served_heads_byte_identical(setup, tmp_path
 
     state = latest_round(tmp_path / "served.adapt")
     steps = {k: v for k, v in state.steps.items() if k != "decision"}
+    with monkeypatch.context() as m:  # killed while publishing: the generations are stored, --out is not written
+        m.setattr(generations, "serve", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            adapt(config(setup, tmp_path, threshold=0.0))
+    assert files(served) == before
     out = adapt(config(setup, tmp_path, threshold=0.0))  # the same round, a lower bar: published, nothing redone
     text = capsys.readouterr().out
     assert out.accepted and out.generation == 1 and "distill" not in text and "tau" in text
+    index = json.loads((tmp_path / "served.adapt" / "generations" / "index.json").read_text())
+    assert [g["generation"] for g in index["generations"]] == [0, 1]  # stored once, though published twice
     assert {k: v for k, v in RoundState.read(state.folder).steps.items() if k in steps} == steps
     assert read_metadata(served)["adapt"]["tau"]["threshold"] == 0.0
 

@@ -58,18 +58,18 @@ def entry(index: dict[str, Any], generation: int) -> dict[str, Any] | None:
     return next((e for e in index["generations"] if e["generation"] == generation), None)
 
 
-def add(work: Path, heads: Path, record: dict[str, Any], lineage: dict[str, Any] | None) -> dict[str, Any]:
-    """Store ``heads`` as the next generation (once per round: a round resumed after this step finds
-    its entry) and return the index entry."""
+def add(work: Path, heads: Path, key: str, record: dict[str, Any], lineage: dict[str, Any] | None) -> dict[str, Any]:
+    """Store ``heads`` as the next generation, once per ``key`` (a round resumed after this step finds
+    its entry instead of storing the heads twice), and return the index entry."""
     index = read_index(work)
-    mine = next((e for e in index["generations"] if record.get("round") and e.get("round") == record["round"]), None)
+    mine = next((e for e in index["generations"] if e.get("key") == key), None)
     if mine is not None and folder_of(work, mine["generation"]).is_dir():
         return mine
     number = max((e["generation"] for e in index["generations"]), default=-1) + 1
     if lineage is not None:
         lineage = {**lineage, "generation": number}
     copy_heads(heads, folder_of(work, number), lineage)
-    mine = {"generation": number, "folder": folder_of(work, number).name, **record, "created": now_iso()}
+    mine = {"generation": number, "folder": folder_of(work, number).name, "key": key, **record, "created": now_iso()}
     index["generations"].append(mine)
     write_index(work, index)
     return mine

@@ -189,12 +189,13 @@ class Round:
             return out
         served = generations.served_generation(self.work)
         if served is None:  # the heads served before adapt's first publication: generation 0, for rollback
-            served = generations.add(self.work, self.base, {"round": None, "tau": before,
-                                                            "note": f"served before adapt ({self.base_src})"},
+            served = generations.add(self.work, self.base, f"{self.state.name}:base",
+                                     {"round": None, "tau": before, "note": f"served before adapt ({self.base_src})"},
                                      None)["generation"]
         lineage = self.lineage(gain, served)
-        made = generations.add(self.work, self.final, {"round": self.state.name, "tau_before": before, "tau": after,
-                                                       "base_generation": served}, lineage)
+        made = generations.add(self.work, self.final, f"{self.state.name}:new",
+                               {"round": self.state.name, "tau_before": before, "tau": after, "base_generation": served},
+                               lineage)
         generations.serve(self.work, made["generation"], Path(cfg.out).expanduser())
         generations.prune(self.work, cfg.traffic.keep_generations)
         self.state.record("published", {"generation": made["generation"], "out": str(cfg.out),
