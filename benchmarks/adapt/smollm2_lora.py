@@ -15,13 +15,14 @@ and the compute each took (seconds of distillation and training, as each step re
 issue's goals: adapted tau >= 90% of scratch's for <= 25% of its compute, and >= 1.2x the base
 heads' tau on the fine-tune.
 
-    python benchmarks/adapt/smollm2_lora.py [--runs runs] [--stop-after STEP]
+    python benchmarks/adapt/smollm2_lora.py [--stop-after STEP]
 
 Steps (each skipped when its output is complete, so a rerun resumes): target, base (the served
 heads' data and training), finetune, adapt, scratch, report. It runs ``headway`` as subprocesses
 (``--python``) and needs nothing from the Hub: ``headway target build smollm2`` converts a PyPI
-wheel's GGUF. Expected cost on 2 CPU cores alone: base ~30-55 min (once), fine-tune ~3 min, adapt
-~10 min, scratch ~25-45 min. Do not run it beside other jobs: the compute figures are seconds.
+wheel's GGUF. Not timed yet: the base and scratch steps are each a SmolLM2 recipe's distillation and
+training (~30+ minutes on 2 CPU cores by the recipes' notes), the fine-tune and the adapt round a
+fraction of that. Do not run it beside other jobs: the compute figures are seconds.
 """
 
 from __future__ import annotations
@@ -44,10 +45,6 @@ ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline
 def headway(python: str, *args: str) -> None:
     print("+ headway " + " ".join(args), flush=True)
     subprocess.run([python, "-m", "headway", *args], cwd=ROOT, env={**os.environ, **ENV}, check=True)
-
-
-def complete(manifest: Path) -> bool:
-    return manifest.is_file() and bool(json.loads(manifest.read_text()).get("complete"))
 
 
 # -- the fine-tune -------------------------------------------------------------------------------------
@@ -197,13 +194,12 @@ def table(result: dict[str, Any]) -> str:
 # -- the steps -------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default="runs", help="the runs folder (the recipes' paths are relative to it)")
     ap.add_argument("--stop-after", choices=STEPS, default=None, help="stop after this step")
     ap.add_argument("--python", default=sys.executable, help="the Python that runs headway")
     ap.add_argument("--finetune-examples", type=int, default=256, help="answers the LoRA fine-tune learns the style on")
     ap.add_argument("--finetune-epochs", type=int, default=2)
     args = ap.parse_args(argv)
-    runs = Path(args.runs)
+    runs = ROOT / "runs"  # where the recipes write (their paths are relative to the repository)
     fine, report_dir = runs / "smollm2-json", runs / "adapt-smollm2"
     report_dir.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = json.loads((report_dir / "report.json").read_text()) \
@@ -246,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     if done("scratch"):
         return 0
 
+    from headway.adapt.configs import AdaptConfig
     from headway.adapt.state import latest_round
     from headway.config import load_config
-    from headway.adapt.configs import AdaptConfig
 
     cfg = load_config(AdaptConfig, ROOT / "configs/smollm2/adapt.yaml")
     state = latest_round(Path(str(runs / "smollm2-json-eagle3") + ".adapt"))
