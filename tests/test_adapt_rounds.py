@@ -170,6 +170,27 @@ def test_an_unfinished_round_of_other_settings_is_dropped_only_on_overwrite(setu
     assert out.round == "round-0001" and latest_round(tmp_path / "served.adapt").data["settings"]["seed"] == 3
 
 
+def test_a_round_that_finished_no_step_starts_again_with_the_settings_fixed(setup, tmp_path, monkeypatch):
+    from headway.adapt.rounds import Round
+
+    with monkeypatch.context() as m:  # the prompts step fails (a template missing, say): no step is recorded
+        m.setattr(Round, "prompts", lambda self, rows, info: (_ for _ in ()).throw(AdaptError("no template")))
+        with pytest.raises(AdaptError, match="no template"):
+            adapt(config(setup, tmp_path, stop_after="prompts"))
+    assert latest_round(tmp_path / "served.adapt").steps == {}
+    out = adapt(config(setup, tmp_path, stop_after="prompts", seed=3))  # other settings: nothing to lose
+    assert out.round == "round-0001" and latest_round(tmp_path / "served.adapt").data["settings"]["seed"] == 3
+
+
+def test_a_missing_target_is_one_line_before_any_work(setup, tmp_path, capsys):
+    argv = ["adapt", "--target", str(tmp_path / "nope"), "--heads", str(setup[1]), "--prompts", str(setup[2]),
+            "--out", str(tmp_path / "served")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("headway adapt: error: ") and "nope" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "served.adapt").exists() and not (tmp_path / "served").exists()
+
+
 def test_out_holding_anything_but_heads_is_refused_before_any_work(setup, tmp_path):
     (tmp_path / "served").mkdir()
     (tmp_path / "served" / "notes.txt").write_text("mine")

@@ -46,6 +46,7 @@ def adapt(cfg: AdaptConfig, now: float | None = None) -> Outcome:
     work, out = work_folder(cfg), Path(cfg.out).expanduser()
     check_out(out)
     base = base_heads(cfg)
+    cfg.target_path()  # a missing target folder fails now, before a round starts (built-in targets build)
     settings = round_settings(cfg, base)
     with output_lock(work, AdaptError):
         last = latest_round(work)

@@ -116,12 +116,12 @@ def next_round_folder(work: Path) -> Path:
 
 
 def resumable(last: RoundState, settings: dict[str, Any], overwrite: bool) -> RoundState | None:
-    """The unfinished round ``last`` if these settings may resume it; None after ``overwrite`` dropped it
-    (a round of other settings, unfinished); an error naming the differences otherwise."""
+    """The unfinished round ``last`` if these settings may resume it; None once it is dropped (other
+    settings, and ``overwrite`` or no step finished); an error naming the differences otherwise."""
     diff = last.check_settings(settings)
     if not diff:
         return last
-    if overwrite:
+    if overwrite or not last.steps:  # a round that finished no step has nothing to lose (a typo fixed)
         shutil.rmtree(last.folder)
         return None
     raise AdaptError(f"{last.folder} is an unfinished round made with other settings ({'; '.join(diff[:3])}); rerun "

@@ -58,6 +58,7 @@ def poll(cfg: AdaptConfig, now: float) -> Outcome | None:
 
     work = work_folder(cfg)
     check_out(Path(cfg.out).expanduser())
+    cfg.target_path()  # a missing target folder fails now, before a round starts
     with output_lock(work, AdaptError):
         last = latest_round(work)
         if last is not None and unfinished(last):
