@@ -189,6 +189,8 @@ def test_a_missing_target_is_one_line_before_any_work(setup, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("headway adapt: error: ") and "nope" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "served.adapt").exists() and not (tmp_path / "served").exists()
+    assert main(argv[:2] + [str(setup[0])] + argv[3:] + ["gate.tree=dynamic-0"]) == 2
+    assert "headway adapt: error: " in capsys.readouterr().err and not (tmp_path / "served.adapt").exists()
 
 
 def test_out_holding_anything_but_heads_is_refused_before_any_work(setup, tmp_path):

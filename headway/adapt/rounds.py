@@ -234,6 +234,18 @@ def check_out(out: Path) -> None:
                          "a new folder): choose another --out")
 
 
+def preflight(cfg: AdaptConfig) -> None:
+    """What can fail before a round starts, checked before one does: a fix would change the round's
+    settings, which an unfinished round refuses. --out, the target's folder (a built-in target builds),
+    the gate's tree."""
+    check_out(Path(cfg.out).expanduser())
+    cfg.target_path()
+    if cfg.gate.tree:
+        from ..decode.shapes import parse_shape
+
+        parse_shape(cfg.gate.tree)
+
+
 def base_heads(cfg: AdaptConfig) -> Path:
     """The heads a new round starts from: --heads, or with --watch the served heads once there are some."""
     out = Path(cfg.out).expanduser()

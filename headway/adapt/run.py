@@ -17,7 +17,7 @@ from typing import Any
 from ..locking import output_lock
 from .configs import AdaptConfig
 from .errors import AdaptError
-from .rounds import Outcome, Round, base_heads, check_out, start_round
+from .rounds import Outcome, Round, base_heads, check_out, preflight, start_round
 from .state import latest_round, resumable, round_settings, work_folder
 
 
@@ -43,10 +43,9 @@ def adapt(cfg: AdaptConfig, now: float | None = None) -> Outcome:
     from .prompts import rows_digest
 
     now = time.time() if now is None else now
-    work, out = work_folder(cfg), Path(cfg.out).expanduser()
-    check_out(out)
+    work = work_folder(cfg)
+    preflight(cfg)
     base = base_heads(cfg)
-    cfg.target_path()  # a missing target folder fails now, before a round starts (built-in targets build)
     settings = round_settings(cfg, base)
     with output_lock(work, AdaptError):
         last = latest_round(work)

@@ -21,7 +21,7 @@ from ..locking import output_lock
 from ..publish import write_text
 from .configs import AdaptConfig
 from .errors import AdaptError
-from .rounds import Outcome, Round, base_heads, check_out, start_round
+from .rounds import Outcome, Round, base_heads, preflight, start_round
 from .state import RoundState, latest_round, resumable, round_folders, round_settings, work_folder
 
 WATCH = "watch.json"
@@ -57,8 +57,7 @@ def poll(cfg: AdaptConfig, now: float) -> Outcome | None:
     from .prompts import traffic_rows
 
     work = work_folder(cfg)
-    check_out(Path(cfg.out).expanduser())
-    cfg.target_path()  # a missing target folder fails now, before a round starts
+    preflight(cfg)
     with output_lock(work, AdaptError):
         last = latest_round(work)
         if last is not None and unfinished(last):
