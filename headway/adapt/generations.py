@@ -25,7 +25,7 @@ INDEX = "index.json"
 
 
 def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def folder_of(work: Path, generation: int) -> Path:

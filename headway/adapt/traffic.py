@@ -36,6 +36,7 @@ WRAPPERS = ("request", "body", "payload", "params", "input", "data", "json", "re
 TIME_KEYS = ("timestamp", "created", "created_at", "time", "ts", "request_time", "start_time", "received_at")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_DEPTH = 3  # wrappers inside wrappers, at most
+EPOCH = dt.datetime(1970, 1, 1)
 Message = tuple[str, str]  # (role, text)
 
 
@@ -106,9 +107,7 @@ def parse_time(value: Any) -> float | None:
             stamp = dt.datetime.fromisoformat(text)
         except ValueError:
             return None
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=dt.timezone.utc)
-        return stamp.timestamp()
+        return stamp.timestamp() if stamp.tzinfo is not None else (stamp - EPOCH).total_seconds()  # naive: UTC
     return None
 
 
