@@ -201,6 +201,19 @@ def test_out_holding_anything_but_heads_is_refused_before_any_work(setup, tmp_pa
     assert not (tmp_path / "served.adapt").exists() and (tmp_path / "served" / "notes.txt").read_text() == "mine"
 
 
+def test_heads_a_round_cannot_continue_are_refused_before_any_work(setup, tmp_path):
+    from headway.heads.metadata import update_metadata
+
+    medusa2 = tmp_path / "medusa2"
+    shutil.copytree(setup[1], medusa2)
+    update_metadata(medusa2, {"adapter": {"subfolder": "adapter"}})
+    with pytest.raises(AdaptError, match="Medusa-2"):
+        adapt(config(setup, tmp_path, heads=str(medusa2)))
+    with pytest.raises(AdaptError, match="is not a headway heads folder"):
+        adapt(config(setup, tmp_path, heads=str(tmp_path)))
+    assert not (tmp_path / "served.adapt").exists()
+
+
 def test_the_target_can_write_the_prompts_itself(setup, tmp_path):
     cfg = config(setup, tmp_path, prompts="self", num_prompts=4, stop_after="prompts", target=str(setup[0].parent / "chatty"),
                  **{"self_prompts.batch_size": 16, "self_prompts.max_new_tokens": 16, "self_prompts.min_chars": 4})

@@ -247,15 +247,17 @@ def preflight(cfg: AdaptConfig) -> None:
 
 
 def base_heads(cfg: AdaptConfig) -> Path:
-    """The heads a new round starts from: --heads, or with --watch the served heads once there are some."""
+    """The heads a new round starts from: --heads, or with --watch the served heads once there are some;
+    heads a round cannot continue (Medusa-2, an unknown kind, a recipe of another kind) are refused now."""
+    from .training import base_settings, heads_record
+
     out = Path(cfg.out).expanduser()
-    if cfg.watch and is_heads_checkpoint(out):
-        return out
-    if not cfg.heads:
+    heads = out if cfg.watch and is_heads_checkpoint(out) else Path(cfg.heads or "").expanduser()
+    if not cfg.heads and heads != out:
         raise AdaptError(f"--out {out} holds no heads yet: give --heads, the heads to start from")
-    heads = Path(cfg.heads).expanduser()
     if not is_heads_checkpoint(heads):
         raise AdaptError(f"--heads {heads} is not a headway heads folder (config.json and model.safetensors)")
+    base_settings(*heads_record(heads), cfg.train.recipe)
     return heads
 
 
