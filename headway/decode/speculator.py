@@ -16,6 +16,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..hardware import sync
 from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from ..tokenizer import encode_prompt
@@ -26,7 +27,7 @@ from .proposers import hidden_index, make_proposer
 from .runtime import Runtime
 from .sampling import SamplingParams
 from .shapes import Proposer, TreeShape, chain
-from .stats import BatchOutput, GenerationOutput, GenerationStats, _sync
+from .stats import BatchOutput, GenerationOutput, GenerationStats
 from .step import Batch, RecordStats, Row, RowScored, StepHooks, choose, commit, draft, prefill, score, step, stopped
 from .verify import Verdict
 
@@ -304,7 +305,7 @@ class Speculator:
             row.stats = stats
         row.stats.prompt_tokens = input_ids.shape[1]
         row.stats.new_tokens = 1
-        _sync(self.device)
+        sync(self.device)
         row.stats.time_prefill = time.perf_counter() - t_start
         yield row.emitted[:]
         hooks: list[StepHooks] = [RecordStats(), *self.hooks]
@@ -390,7 +391,7 @@ class Speculator:
         if self.runtime.static_cache and len(ids) == 1:
             length = len(ids[0]) + rows[0].max_new + self.policy.largest_size()
         batch = prefill(self.runtime, ids, rows, self.new_batch_proposer(len(ids)), self._pad(), length)
-        _sync(self.device)
+        sync(self.device)
         t_prefill = time.perf_counter() - t_start
         done: dict[int, Row] = {}
         forwards = 0

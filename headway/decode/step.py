@@ -27,6 +27,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
+from ..hardware import sync
 from .batch_proposers import BatchProposer, RowsProposer
 from .batch_trees import build_sampled_chains, build_trees
 from .layouts import OneRow, PaddedRows
@@ -36,7 +37,7 @@ from .runtime import Runtime
 from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
                        verify_typical)
 from .shapes import DraftTree, DynamicShape, SampleChild, TreeShape, build_sampled_chain, build_tree, is_chain
-from .stats import GenerationStats, _record_depths, _sync
+from .stats import GenerationStats, _record_depths
 from .verify import Verdict, verify_greedy, verify_greedy_walk
 
 
@@ -252,10 +253,10 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
         extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
                      layers=sorted(set(rt.layers) | {last}))
     tokens, pos, mask = batch.kv.tree_inputs(trees, lengths, pad, rt.dtype)
-    _sync(rt.device)
+    sync(rt.device)
     t = time.perf_counter()
     out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask, **extra)
-    _sync(rt.device)
+    sync(rt.device)
     seconds = time.perf_counter() - t
     node_logits, features = [], []
     for b, tree in enumerate(trees):
@@ -361,10 +362,10 @@ def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Te
     roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     lengths = [r.length for r in rows]
     tokens, pos, mask = batch.kv.plain_inputs(roots, lengths, rt.dtype)  # (B, 1), (B, 1), mask or None
-    _sync(rt.device)
+    sync(rt.device)
     t = time.perf_counter()
     out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask)
-    _sync(rt.device)
+    sync(rt.device)
     seconds = time.perf_counter() - t
     logits = out.logits[:, -1]  # (B, V)
     if all(r.params.greedy for r in rows):
@@ -404,7 +405,7 @@ def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
     scored = score(rt, policy, batch, drafts, pad)
     verdicts = accept(policy, batch, scored)
     new, finished = commit(batch, scored, verdicts, eos)
-    _sync(rt.device)
+    sync(rt.device)
     total = time.perf_counter() - t0
     projected = sum(n.seconds for n in scored.node_logits)  # lm_head rows read by verification: the target's time
     times = {"draft": t1 - t0, "verify": scored.verify_time + projected,
