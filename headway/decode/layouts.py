@@ -30,8 +30,8 @@ import torch
 from transformers import Cache
 
 from .kv import drop_last, in_place, keep_accepted, new_cache, static_length, tree_mask
-from .padding import additive, after_prefix, left_pad, pad_trees, prefill_mask, used_columns
-from .shapes import DraftTree
+from .padding import additive, after_prefix, left_pad, prefill_mask, used_columns
+from .trees import DraftTree
 from .verify import Verdict
 
 
@@ -146,3 +146,21 @@ class PaddedRows:
                 layer.keys = layer.keys.index_select(2, cols)
                 layer.values = layer.values.index_select(2, cols)
             self.valid = self.valid[:, cols]
+
+
+def pad_trees(trees: Sequence[DraftTree], lengths: Sequence[int], pad: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row trees -> (tokens (B, N), position_ids (B, N), visible (B, N, N)) padded to the largest;
+    a pad node sits at its row's root position and sees only itself."""
+    N = max(t.tokens.numel() for t in trees)
+    dev = trees[0].tokens.device
+    B = len(trees)
+    tokens = torch.full((B, N), pad, dtype=torch.long, device=dev)
+    pos = torch.tensor(list(lengths), dtype=torch.long, device=dev)[:, None].repeat(1, N)
+    vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+    for b, t in enumerate(trees):
+        n = t.tokens.numel()
+        tokens[b, :n] = t.tokens
+        pos[b, :n] += t.buffers.depth
+        vis[b, :n, :n] = t.buffers.visible
+    return tokens, pos, vis

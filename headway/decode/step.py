@@ -23,21 +23,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
 from ..hardware import sync
-from .batch_proposers import BatchProposer, RowsProposer
-from .batch_trees import build_sampled_chains, build_trees
 from .layouts import OneRow, PaddedRows
 from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs
 from .policy import TreePolicy
+from .proposers import Proposer
 from .runtime import Runtime
-from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
-                       verify_typical)
-from .shapes import DraftTree, DynamicShape, SampleChild, TreeShape, build_sampled_chain, build_tree, is_chain
+from .sampling import (SamplingParams, draw_children, draw_draft, processed_probs, sample_from, verify_sample,
+                       verify_sampled_chain, verify_typical)
+from .shapes import DynamicShape, TreeShape, is_chain
 from .stats import GenerationStats, _record_depths
+from .trees import DraftTree, build_trees, sampled_chains
 from .verify import Verdict, verify_greedy, verify_greedy_walk
 
 
@@ -60,7 +61,7 @@ class Batch:
     layout), the proposer (its rows follow ``rows``)."""
 
     kv: OneRow | PaddedRows
-    proposer: BatchProposer
+    proposer: Proposer
     rows: list[Row]
     step_cost: float | None = None  # seconds of a step outside its verify (running mean): adaptive trees
     skipped: "Skipped | None" = None  # plain steps the proposer has not seen yet
@@ -140,7 +141,7 @@ def choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -
 
 
 # -- prefill ------------------------------------------------------------------------------------
-def prefill(rt: Runtime, ids: Sequence[list[int]], rows: Sequence[Row], proposer: BatchProposer, pad: int,
+def prefill(rt: Runtime, ids: Sequence[list[int]], rows: Sequence[Row], proposer: Proposer, pad: int,
             cache_length: int | None = None, pick: Callable[..., torch.Tensor] = choose) -> Batch:
     """One target forward over the prompts; the first token of each row comes from the target
     alone; the proposer reads the prompts' hidden states. One prompt: ``OneRow`` (its cache static
@@ -168,73 +169,39 @@ def _flush(batch: Batch) -> None:
 
 
 def draft(rt: Runtime, policy: TreePolicy, batch: Batch) -> Drafts:
-    """Every row's tree (rooted at its last emitted token): one drafter call per draft level for
-    all rows. Near the context's end a row's tree shrinks. Above T=0 (each row with its parameters
-    and generator) a chain's drafts are sampled, and a fork's children are drawn, each from the
-    drafter's distribution less its earlier siblings (``shapes.build_static``); a greedy row takes
-    the drafter's top ranks."""
-    dev = rt.device
-    roots = torch.tensor([r.emitted[-1] for r in batch.rows], device=dev)
+    """Every row's tree, rooted at its last emitted token: one drafter call per draft level for all
+    rows; near the context's end a row's tree shrinks (``TreePolicy.shape_for``). The path
+    (``decode/trees.py``): sampled chains when a row samples a chain's drafts, else the shape's, a
+    static tree by rank (a fork's children drawn above T=0) or an EAGLE-2 dynamic tree."""
+    rows, proposer = batch.rows, batch.proposer
+    roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     _flush(batch)
     t_draft = time.perf_counter()
-    sampling = any(not r.params.greedy for r in batch.rows)
-    shapes = [policy.shape_for(rt.max_positions - 1 - r.length, sampling, len(batch.rows)) for r in batch.rows]
-    bp = batch.proposer
-    single = bp.rows[0] if isinstance(bp, RowsProposer) and len(batch.rows) == 1 else None
-    sampled = [policy.samples_chain(r.params, s) for r, s in zip(batch.rows, shapes)]
-    if any(sampled):
-        def sampler(r: Row) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-            def sample(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                if r.params.greedy:
-                    x = logp.argmax(-1)
-                    return torch.nn.functional.one_hot(x, logp.shape[-1]).float(), x
-                q = processed_probs(logp, r.params)
-                return q, sample_from(q, torch.rand((), generator=r.gen).to(q.device))
-            return sample
-
-        depth = min(s.depth for s in shapes)
-        if single is not None:
-            tree, q = build_sampled_chain(depth, single, roots[0], sampler(batch.rows[0]), rt.vocab_size)
-            trees, probs = [tree], [q]
-        else:
-            trees, probs = build_sampled_chains(depth, bp, roots, [sampler(r) for r in batch.rows], rt.vocab_size)
-        draft_probs: list[torch.Tensor | None] = [p if s and not r.params.greedy else None
-                                                  for p, s, r in zip(probs, sampled, batch.rows)]
-        bp.end_tree()
-        return Drafts(trees, shapes[0], draft_probs)
-    children = [child_sampler(r) if policy.samples_children(r.params, s) else None
-                for r, s in zip(batch.rows, shapes)]
-    if single is not None:
-        shape = shapes[0]
-        adaptive = isinstance(shape, DynamicShape) and shape.adaptive
-        size_for = policy.size_for(rt, batch.step_cost, t_draft) if adaptive else None
-        trees = [build_tree(shape, single, roots[0], size_for, children[0], rt.vocab_size)]
+    sampling = any(not r.params.greedy for r in rows)
+    shapes = [policy.shape_for(rt.max_positions - 1 - r.length, sampling, len(rows)) for r in rows]
+    if any(policy.samples_chain(r.params, s) for r, s in zip(rows, shapes)):
+        drafts = draft_sampled_chains(rt, policy, batch, roots, shapes)
     else:
-        trees = build_trees(shapes, bp, roots, children if any(children) else (), rt.vocab_size)
-    bp.end_tree()
-    return Drafts(trees, shapes[0], [None] * len(batch.rows))
+        children = [partial(draw_children, params=r.params, gen=r.gen) if policy.samples_children(r.params, s)
+                    else None for r, s in zip(rows, shapes)]
+        adaptive = isinstance(shapes[0], DynamicShape) and shapes[0].adaptive and len(rows) == 1  # batches: TOTAL
+        size_for = policy.size_for(rt, batch.step_cost, t_draft) if adaptive else None
+        trees = build_trees(shapes, proposer, roots, children if any(children) else (), rt.vocab_size, size_for)
+        drafts = Drafts(trees, shapes[0], [None] * len(rows))
+    proposer.end_tree()
+    return drafts
 
 
-def child_sampler(r: Row) -> SampleChild:
-    """Row r's draws of a fork's k children: each from the drafter's processed distribution less the
-    earlier draws (``shapes.SampleChild``), the distribution processed once for all k."""
-    def sample(logp: torch.Tensor, k: int) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-        q = processed_probs(logp, r.params)
-        draws: list[tuple[torch.Tensor | None, torch.Tensor]] = []
-        taken: list[torch.Tensor] = []
-        for i in range(k):
-            if i:
-                q = q.index_fill(0, taken[-1].view(1), 0.0)
-                z = q.sum()
-                if not z > 0:  # the earlier draws held all of q's mass: the best other token, deterministic
-                    taken.append(logp.index_fill(0, torch.stack(taken), float("-inf")).argmax())
-                    draws.append((None, taken[-1]))
-                    continue
-                q = q / z
-            taken.append(sample_from(q, torch.rand((), generator=r.gen).to(q.device)))
-            draws.append((q, taken[-1]))
-        return draws
-    return sample
+def draft_sampled_chains(rt: Runtime, policy: TreePolicy, batch: Batch, roots: torch.Tensor,
+                         shapes: Sequence[TreeShape]) -> Drafts:
+    """Speculative sampling's drafts: every row drafts a chain as deep as the shallowest row's, each
+    draft drawn from the row's processed draft distribution q (a greedy row's: the argmax); a
+    sampling row's verification reads the q its drafts were drawn from."""
+    rows = batch.rows
+    draws = [partial(draw_draft, params=r.params, gen=r.gen) for r in rows]
+    trees, q = sampled_chains(min(s.depth for s in shapes), batch.proposer, roots, draws, rt.vocab_size)
+    return Drafts(trees, shapes[0], [q[b] if policy.samples_chain(r.params, s) else None
+                                     for b, (r, s) in enumerate(zip(rows, shapes))])
 
 
 # -- verify -------------------------------------------------------------------------------------
@@ -340,12 +307,12 @@ def _advance(batch: Batch, emitted: Sequence[list[int]], eos: set[int]) -> tuple
             finished.append(r)
         else:
             keep.append(i)
-    if finished:
+    if finished and keep:  # the last row leaving ends the generation: nothing to keep
         batch.kv.select(keep)
         batch.proposer.select(keep)
         if batch.skipped is not None:
             batch.skipped.select(keep)
-        batch.rows = [batch.rows[i] for i in keep]
+    batch.rows = [batch.rows[i] for i in keep]
     return news, finished
 
 
