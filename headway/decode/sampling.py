@@ -73,8 +73,7 @@ def verify_sample(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tenso
     per node (used when that node is tried), ``u_bonus`` one for the final draw.
     ``renormalise=False`` exists only so tests can show that a biased verifier is caught.
     """
-    parents = buffers.parents.tolist()
-    toks = tokens.tolist()
+    parents, toks = torch.stack([buffers.parents, tokens]).tolist()  # the tree on the host: one read
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents[1:], start=1):
         children.setdefault(p, []).append(i)
@@ -98,8 +97,7 @@ def verify_sample(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tenso
                 break
             if renormalise:
                 left = (r / z - q).clamp(min=0)
-                if left.sum() > 0:  # else r~ == q: a rejection had probability 0 (rounding), keep r
-                    r = left
+                r = torch.where(left.sum() > 0, left, r)  # r~ == q: a rejection had probability 0 (rounding), keep r
         if nxt is None:
             return Verdict(torch.tensor(path, device=tokens.device), sample_from(r, u_bonus))
         path.append(nxt)

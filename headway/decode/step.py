@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from ..hardware import sync
+from .kv import in_place
 from .layouts import OneRow, PaddedRows
 from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs
 from .policy import TreePolicy
@@ -39,7 +40,7 @@ from .sampling import (SamplingParams, draw_children, draw_draft, processed_prob
 from .shapes import DynamicShape, TreeShape, is_chain
 from .stats import GenerationStats, _record_depths
 from .trees import DraftTree, build_trees, sampled_chains
-from .verify import Verdict, verify_greedy, verify_greedy_walk
+from .verify import Verdict, stack_trees, verify_greedy, verify_greedy_walk
 
 
 @dataclass
@@ -102,6 +103,8 @@ class Scored:
     node_logits: list[NodeLogits]  # per row: the target's logits at its nodes (projected as read, when lazy)
     features: list[list[torch.Tensor]]  # per row, per feature layer: (N_b, H) target states at its nodes
     verify_time: float
+    tokens: torch.Tensor  # (B, N) the forward's tokens: every row's tree, padded
+    logits: torch.Tensor | None  # (B, N, V) the target's logits there (None when projected as read)
 
     def row(self, b: int) -> "RowScored":
         return RowScored(self.drafts.trees[b], self.node_logits[b], self.features[b], self.verify_time,
@@ -231,7 +234,7 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
         node_logits.append(NodeLogits(tree.buffers, hidden=out.hidden_states[last][b], head=rt.projection) if lazy
                            else NodeLogits(tree.buffers, full=out.logits[b, :n]))
         features.append(rt.features(out, b, slice(0, n)))
-    return Scored(drafts, node_logits, features, seconds)
+    return Scored(drafts, node_logits, features, seconds, tokens, None if lazy else out.logits)
 
 
 # -- accept -------------------------------------------------------------------------------------
@@ -243,7 +246,9 @@ def verify_row(tree: DraftTree, logits: NodeLogits | torch.Tensor, params: Sampl
     if isinstance(logits, torch.Tensor):
         logits = NodeLogits(b, full=logits)
     if params.greedy:
-        return verify_greedy_walk(tokens, b, logits) if logits.lazy else verify_greedy(tokens, b, logits.all())
+        if logits.lazy:
+            return verify_greedy_walk(tokens, b, logits)
+        return verify_greedy(tokens[None], b.parents[None], b.retrieve[None], logits.all()[None])[0]
     u = torch.rand(b.size + 1, generator=gen).to(tokens.device)
     if draft_probs is not None:  # a sampled chain: one vectorised test
         return verify_sampled_chain(tokens, processed_probs(logits.all(), params), draft_probs, u[:-1], u[-1])
@@ -255,8 +260,13 @@ def verify_row(tree: DraftTree, logits: NodeLogits | torch.Tensor, params: Sampl
 
 
 def accept(policy: TreePolicy, batch: Batch, scored: Scored) -> list[Verdict]:
-    return [verify_row(scored.drafts.trees[b], scored.node_logits[b], r.params, r.gen, scored.drafts.draft_probs[b],
-                       policy.typical) for b, r in enumerate(batch.rows)]
+    """Every row's verdict: greedy rows all in one tensor pass (``verify_greedy``), else row by row,
+    each with its own sampling parameters and generator (``verify_row``)."""
+    trees = scored.drafts.trees
+    if scored.logits is not None and all(r.params.greedy for r in batch.rows):
+        return verify_greedy(scored.tokens, *stack_trees([t.buffers for t in trees]), scored.logits)
+    return [verify_row(trees[b], scored.node_logits[b], r.params, r.gen, scored.drafts.draft_probs[b], policy.typical)
+            for b, r in enumerate(batch.rows)]
 
 
 # -- commit -------------------------------------------------------------------------------------
@@ -283,11 +293,19 @@ def commit(batch: Batch, scored: Scored, verdicts: Sequence[Verdict], eos: set[i
     trees = scored.drafts.trees
     width = max(t.tokens.numel() for t in trees)
     starts = [r.length for r in batch.rows]
-    batch.kv.keep(verdicts, starts, width)
-    paths = [torch.cat([t.tokens[v.nodes], v.bonus.view(1)]) for t, v in zip(trees, verdicts)]
-    feats = [[f[v.nodes] for f in fs] for fs, v in zip(scored.features, verdicts)]
+    nodes = [v.nodes for v in verdicts]  # (m_b + 1,) each
+    paths = [torch.cat([t.tokens[n], v.bonus.view(1)]) for t, n, v in zip(trees, nodes, verdicts)]  # (m_b + 2,)
+    host = torch.cat([x for n, p in zip(nodes, paths) for x in (n, p[1:])]).tolist()  # the step's one read: all rows
+    kept, emitted = [], []
+    for n in nodes:
+        k = n.numel()
+        kept.append(host[:k])
+        emitted.append(host[k:2 * k])  # the accepted drafts and the bonus
+        del host[:2 * k]
+    batch.kv.keep(nodes, [not in_place(h) for h in kept], starts, width)
+    feats = [[f[n] for f in fs] for fs, n in zip(scored.features, nodes)]
     batch.proposer.accept(paths, feats, starts)
-    return _advance(batch, [p[1:].tolist() for p in paths], eos)
+    return _advance(batch, emitted, eos)
 
 
 def _advance(batch: Batch, emitted: Sequence[list[int]], eos: set[int]) -> tuple[list[list[int]], list[Row]]:

@@ -197,39 +197,31 @@ def dynamic_trees(shapes: Sequence[DynamicShape], proposer: Proposer, roots: tor
         frontier, frontier_score, frontier_row = sizes[-1] + best, scores.gather(1, best), best // k
         sizes.append(sizes[-1] + scores.shape[1])
     draft, parent, score = (torch.cat(p, dim=1) for p in (pool_draft, pool_parent, pool_score))
-    return [select_tree(draft[b, :n], parent[b, :n], score[b, :n], shape.total_tokens, proposer, roots[b], size_for)
-            for b, n in enumerate(sizes[d - 1] for d in depths)]
+    return [select_tree(draft[b, :sizes[d - 1]], parent[b, :sizes[d - 1]], score[b, :sizes[d - 1]], shape.total_tokens,
+                        proposer, roots[b], size_for, d) for b, d in enumerate(depths)]
 
 
 def select_tree(draft: torch.Tensor, parent: torch.Tensor, score: torch.Tensor, total: int, proposer: Proposer,
-                root_token: torch.Tensor, size_for: SizeFor | None = None) -> DraftTree:
+                root_token: torch.Tensor, size_for: SizeFor | None = None, depth: int | None = None) -> DraftTree:
     """Keep the root and the best ``total - 1`` candidates (with ``size_for``: the root and the best
-    ``size_for(probabilities) - 1`` of those). A child's cumulative score never exceeds its parent's,
-    so the best set is closed under parents; ties are broken towards earlier (shallower) candidates,
-    and any parent still missing is added to keep the tree valid."""
-    n = draft.numel()
-    order = torch.arange(n, device=draft.device, dtype=score.dtype)
-    key = score.clone() - order * 1e-9  # stable tie-break: earlier candidates first
-    key[0] = float("inf")
-    keep = key.topk(min(total, n)).indices  # best first, the root at 0
+    ``size_for(probabilities) - 1`` of those). A child's cumulative score never exceeds its parent's
+    (a log-prob is <= 0, and float addition keeps that) and the child comes later in the pool, so a
+    stable sort puts every parent before its children: the best set is closed under parents, ties
+    going to the earlier (shallower) candidate. ``depth``: the pool's depth, so the tree's buffers
+    are built without a host read."""
+    key = score.clone()
+    key[0] = float("inf")  # the root first
+    keep = key.sort(descending=True, stable=True).indices[:total]  # best first
     if size_for is not None:
         keep = keep[: max(1, min(int(size_for(score[keep[1:]].exp())), keep.numel()))]
-    keep = keep.sort().values
-    kept = torch.zeros(n, dtype=torch.bool, device=draft.device)
-    kept[keep] = True
-    missing = kept & ~kept[parent.clamp(min=0)]
-    missing[0] = False
-    while missing.any():  # rare: only on exact float ties
-        kept[parent[missing]] = True
-        missing = kept & ~kept[parent.clamp(min=0)]
-        missing[0] = False
-    keep = kept.nonzero().squeeze(1)
-    remap = torch.full((n,), -1, dtype=torch.long, device=draft.device)
+    keep = keep.sort().values  # pool order: parents before children
+    remap = torch.full((draft.numel(),), -1, dtype=torch.long, device=draft.device)
     remap[keep] = torch.arange(keep.numel(), device=draft.device)
-    parents = torch.where(parent[keep] >= 0, remap[parent[keep].clamp(min=0)], parent[keep])
+    parents = remap[parent[keep].clamp(min=0)]
+    parents[0] = -1
     tokens = proposer.to_target_ids(draft[keep].clamp(min=0))
     tokens[0] = root_token
-    return DraftTree(tokens, TreeBuffers.build(parents), draft[keep])
+    return DraftTree(tokens, TreeBuffers.build(parents, depth), draft[keep])
 
 
 # -- sampled chains: speculative sampling ----------------------------------------------------------
