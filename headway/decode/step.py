@@ -1,12 +1,12 @@
 """One decode step for every batch size: draft -> verify -> accept -> commit.
 
     draft    every row's tree, rooted at its last emitted token: one drafter call per draft level
-             for all rows
+             for all rows (``decode/trees.py``: static trees, dynamic trees, sampled chains)
     verify   one target forward over every row's tree (B, N): tree masks, explicit position ids,
              the target's own cache object
-    accept   per row, the longest path the target agrees with plus one bonus token: greedy,
-             exact sampling (deterministic trees, or sampled chains), or typical acceptance; each
-             row with its own sampling parameters and its own generator
+    accept   per row, the longest path the target agrees with plus one bonus token: greedy (all
+             rows in one tensor pass), exact sampling (deterministic trees, or sampled chains), or
+             typical acceptance; a sampled row with its own parameters and its own generator
     commit   the cache keeps the accepted entries, the proposer sees the accepted path and the
              target's hidden states there, the rows' emitted tokens grow; stopped rows leave
 
@@ -22,7 +22,7 @@ and statistics go to hooks (``StepHooks``), not into the step.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Callable, Protocol, Sequence
 
@@ -371,50 +371,40 @@ def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Te
 # -- the step -----------------------------------------------------------------------------------
 def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
          hooks: Sequence[StepHooks] = ()) -> tuple[list[Row], list[list[int]], list[Row]]:
-    """draft -> verify -> accept -> commit. Returns (the rows as they entered, each one's new
-    tokens, the rows that stopped)."""
-    rows = list(batch.rows)
-    B = len(rows)
-    t0 = time.perf_counter()
-    sampling = any(not r.params.greedy for r in rows)
-    if not policy.speculate(B, sampling):
-        new, finished, seconds = plain(rt, batch, eos)
-        total = time.perf_counter() - t0
-        policy.record(B, False, B, total, sampling)
-        times = {"draft": 0.0, "verify": seconds, "bookkeeping": total - seconds, "total": total}
-        for h in hooks:
-            h.on_step(_View(rows, batch), None, None, new, times)
-        return rows, new, finished
-    drafts = draft(rt, policy, batch)
-    t1 = time.perf_counter()
-    scored = score(rt, policy, batch, drafts, pad)
-    verdicts = accept(policy, batch, scored)
-    new, finished = commit(batch, scored, verdicts, eos)
-    sync(rt.device)
+    """draft -> verify -> accept -> commit, or a plain step where the policy says speculation does not
+    pay at this batch size. Returns (the rows as they entered, each one's new tokens, the rows that
+    stopped)."""
+    entered = replace(batch, rows=list(batch.rows))  # as it entered the step: before stopped rows leave
+    B, t0 = len(batch.rows), time.perf_counter()
+    sampling = any(not r.params.greedy for r in batch.rows)
+    scored, verdicts = None, None
+    if policy.speculate(B, sampling):
+        drafts = draft(rt, policy, batch)
+        t_draft = time.perf_counter() - t0
+        scored = score(rt, policy, batch, drafts, pad)
+        verdicts = accept(policy, batch, scored)
+        new, finished = commit(batch, scored, verdicts, eos)
+        sync(rt.device)
+        verify = scored.verify_time + sum(n.seconds for n in scored.node_logits)  # lm_head rows read: the target's
+        tokens = sum(v.nodes.numel() for v in verdicts)
+    else:
+        new, finished, verify = plain(rt, batch, eos)
+        t_draft, tokens = 0.0, B
     total = time.perf_counter() - t0
-    projected = sum(n.seconds for n in scored.node_logits)  # lm_head rows read by verification: the target's time
-    times = {"draft": t1 - t0, "verify": scored.verify_time + projected,
-             "bookkeeping": total - (t1 - t0) - scored.verify_time - projected, "total": total}
-    policy.record(B, True, sum(v.nodes.numel() for v in verdicts), total, sampling)
-    rest = total - scored.verify_time - projected
-    batch.step_cost = rest if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * rest
+    policy.record(B, scored is not None, tokens, total, sampling)
+    if scored is not None:  # the rest of a step, for adaptive trees' sizes: a running mean
+        batch.step_cost = total - verify if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * (total - verify)
+    times = {"draft": t_draft, "verify": verify, "bookkeeping": total - t_draft - verify, "total": total}
     for h in hooks:
-        h.on_step(_View(rows, batch), scored, verdicts, new, times)
-    return rows, new, finished
-
-
-class _View:
-    """The batch as it entered the step (its rows before stopped ones left)."""
-
-    def __init__(self, rows: list[Row], batch: Batch) -> None:
-        self.rows, self.kv, self.proposer, self.step_cost = rows, batch.kv, batch.proposer, batch.step_cost
+        h.on_step(entered, scored, verdicts, new, times)
+    return entered.rows, new, finished
 
 
 class RecordStats:
     """The hook that keeps every row's ``GenerationStats``: forwards, tree nodes, lm_head rows,
     accepted depths, and the step's times as each row lived through them."""
 
-    def on_step(self, batch: Any, scored: Scored | None, verdicts: Sequence[Verdict] | None,
+    def on_step(self, batch: Batch, scored: Scored | None, verdicts: Sequence[Verdict] | None,
                 new: Sequence[list[int]], times: dict[str, float]) -> None:
         for b, r in enumerate(batch.rows):
             s = r.stats
