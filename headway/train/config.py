@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..config import check_choice, check_numbers, opt
 from ..target import TargetArgs
-from .contracts import CONTRACTS, KINDS, DFlashOptions, EagleOptions, LoraOptions, MedusaOptions
+from .contracts import CONTRACTS, KINDS, DFlashOptions, EagleOptions, LoraOptions, MedusaOptions, PEagleOptions
 
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")  # headway/train/optim.py
@@ -103,6 +103,7 @@ class TrainConfig(TargetArgs):
     lora: LoraOptions = field(default_factory=LoraOptions)
     eagle: EagleOptions = field(default_factory=EagleOptions)
     dflash: DFlashOptions = field(default_factory=DFlashOptions)
+    peagle: PEagleOptions = field(default_factory=PEagleOptions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -117,4 +118,5 @@ class TrainConfig(TargetArgs):
                                  "eval_every": ">= 0", "eval_max_batches": ">= 1", "num_workers": ">= 0"})
 
 
-__all__ = ["KINDS", "DFlashOptions", "EagleOptions", "LoraOptions", "MedusaOptions", "OptimConfig", "TrainConfig"]
+__all__ = ["KINDS", "DFlashOptions", "EagleOptions", "LoraOptions", "MedusaOptions", "OptimConfig", "PEagleOptions",
+           "TrainConfig"]
