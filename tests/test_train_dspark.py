@@ -9,35 +9,24 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headway.config import ConfigError, load_config
+from headway.config import ConfigError
 from headway.heads import DFlashDrafter, load_heads
 from headway.target import load_target
-from headway.testing import save_tiny_target, tiny_target
+from headway.testing import tiny_target
 from headway.train.blocks import draft_blocks, select_anchors, anchor_candidates, slot_labels, slot_parents
 from headway.train.config import TrainConfig
 from headway.train.dflash import DFlashTask, dflash_loss
 from headway.train.recipe import fit
 
-from train_utils import distilled_rows, save_rows
+from test_train_dflash import config as dflash_config, setup  # noqa: F401  (setup: the fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 DSPARK = {"dflash.markov_rank": 8, "dflash.confidence_head": True}
 
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dspark_train")
-    target = save_tiny_target(root / "target")
-    data = save_rows(root / "data", [{**r, "index": i} for i, r in enumerate(distilled_rows(48, 384, seed=1))])
-    return root, target, data
-
-
 def config(setup, out: Path, **kw) -> TrainConfig:
-    _, target, data = setup
-    base = {"kind": "dflash", "target": str(target), "data": str(data), "output_dir": str(out), "batch_size": 4,
-            "max_steps": 6, "log_every": 1, "save_every": 0, "eval_fraction": 0.25, "progress": False,
-            "optim.lr": 3e-3, "dflash.block_size": 4, "dflash.draft_vocab_size": 128, "dflash.anchors": 6, **DSPARK}
-    return load_config(TrainConfig, None, {**base, **kw})
+    """test_train_dflash's recipe with DSpark's heads."""
+    return dflash_config(setup, out, **{**DSPARK, **kw})
 
 
 def test_dspark_heads_train_with_the_block_and_leave_the_target_bit_identical(setup, tmp_path):

@@ -177,6 +177,14 @@ def least_used_token(counts: Tensor) -> int:
     return int((counts == low).nonzero().max())
 
 
+def mask_token(cfg: TrainConfig, given: int | None, vocab_size: int) -> tuple[int, str]:
+    """(the mask token id, how it was chosen): ``given``, else the least used answer token of the data."""
+    if given is not None:
+        return given, "config"
+    counts = draft_vocab_counts(cfg.data, vocab_size) if cfg.data else torch.zeros(vocab_size)
+    return least_used_token(counts), "least used answer token"
+
+
 class DFlashTask(_EagleTask):
     """DFlash: a block of ``block_size`` drafted in one bidirectional pass over fused target layers.
     Shares the EAGLE tasks' plumbing (frozen target, soft labels over the draft vocabulary, offline
@@ -192,10 +200,7 @@ class DFlashTask(_EagleTask):
         o = self.opts
         V = int(target.get_output_embeddings().weight.shape[0])
         ids, info = answer_draft_vocab(self.cfg, V, o.draft_vocab_size)
-        mask_id, mask_from = o.mask_token_id, "config"
-        if mask_id is None:
-            counts = draft_vocab_counts(self.cfg.data, V) if self.cfg.data else torch.zeros(V)
-            mask_id, mask_from = least_used_token(counts), "least used answer token"
+        mask_id, mask_from = mask_token(self.cfg, o.mask_token_id, V)
         heads = DFlashDrafter.for_target(target, mask_token_id=mask_id, block_size=o.block_size,
                                          num_layers=o.num_layers, aux_layers=list(o.aux_layers) or None,
                                          draft_vocab=ids, qk_norm=o.qk_norm, correction_rank=o.correction_rank,

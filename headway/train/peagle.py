@@ -28,8 +28,8 @@ from .batch import TargetBatch
 from .blocks import row_draws
 from .calibration import depth_sums, stack_depths
 from .config import TrainConfig
-from .dflash import least_used_token
-from .draft_vocab import answer_draft_vocab, draft_vocab_counts
+from .dflash import mask_token
+from .draft_vocab import answer_draft_vocab
 from .eagle import _EagleTask, init_lm_head
 from .parallel import cod_slots, every_slot, slot_mask
 from .ttt import acceptance_stats, decoder_step_starts, label_mask, shift_left, ttt_mask
@@ -167,10 +167,7 @@ class PEagleTask(_EagleTask):
         o = self.opts
         V = int(target.get_output_embeddings().weight.shape[0])
         ids, info = answer_draft_vocab(self.cfg, V, o.draft_vocab_size)
-        mask_id, mask_from = o.mask_token_id, "config"
-        if mask_id is None:
-            counts = draft_vocab_counts(self.cfg.data, V) if self.cfg.data else torch.zeros(V)
-            mask_id, mask_from = least_used_token(counts), "least used answer token"
+        mask_id, mask_from = mask_token(self.cfg, o.mask_token_id, V)
         heads = PEagleDrafter.for_target(target, draft_vocab_size=o.draft_vocab_size,
                                          aux_layers=list(o.aux_layers) or None, num_depths=o.num_depths,
                                          num_layers=o.num_layers, mask_token_id=mask_id,
