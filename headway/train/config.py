@@ -59,8 +59,8 @@ class TrainConfig(TargetArgs):
     features: str | None = opt(None, "a `headway features` folder: train on its stored hidden states (offline "
                                      "mode) instead of running the target each step; only the target's lm_head "
                                      "runs, for EAGLE's soft labels. `data` may be left empty: the rows come from "
-                                     "the features' dataset. Medusa / EAGLE-1 need layer 'final', EAGLE-3 and "
-                                     "DFlash their aux layers and 'final'; medusa2 cannot use features")
+                                     "the features' dataset. Medusa / EAGLE-1 need layer 'final', EAGLE-3, "
+                                     "P-EAGLE and DFlash their aux layers and 'final'; medusa2 cannot use features")
     eval_features: str | None = opt(None, "held-out `headway features` folder for offline mode; None = eval_data "
                                           "if given (the target runs on it), else split eval_fraction off `features`")
     max_length: int = opt(1024, "rows longer than this many tokens are truncated")
