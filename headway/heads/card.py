@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 _TITLES = {"medusa": "Medusa heads", "eagle1": "EAGLE-1 drafter", "eagle3": "EAGLE-3 drafter",
-           "dflash": "DFlash block drafter"}
+           "dflash": "DFlash block drafter", "peagle": "P-EAGLE parallel drafter"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ABSOLUTE = re.compile(r"^(?:/|~|[A-Za-z]:[\\/]|\\\\)")  # POSIX, home, Windows drive or UNC
 LOCAL_HEADS = "path/to/these/heads"  # the saved card's name for the heads; push puts the repo id there

@@ -149,16 +149,70 @@ class DFlashOptions:
     argmax_from: str = opt("logits", "where training reads the target's argmax: logits, or data (greedy-distilled "
                                      "data only; offline, only the draft vocabulary's lm_head rows are projected)",
                            choices=ARGMAX_FROM)
+    # DSpark: two small heads on the block (docs/peagle.md); vLLM serves them as speculators' `dspark`
+    markov_rank: int = opt(0, "DSpark: rank of a Markov head trained with the block (each slot's logits gain a "
+                              "bias from the token before it, the anchor or the previous draft); 0 = none")
+    confidence_head: bool = opt(False, "DSpark: train a confidence head (each slot's chance of acceptance), which "
+                                       "a decoder reads to choose how many drafts to verify")
+    confidence_with_markov: bool = opt(True, "DSpark: the confidence head also reads the Markov embedding of the "
+                                             "token before the slot (needs markov_rank > 0)")
+    confidence_weight: float = opt(1.0, "DSpark: weight of the confidence head's loss (a BCE to the overlap of the "
+                                        "target's and the drafter's distributions at the slot)")
 
     def __post_init__(self) -> None:
         check_choice(self.argmax_from, ARGMAX_FROM, "dflash.argmax_from")
         check_numbers(self, "dflash.", {"block_size": ">= 1", "num_layers": ">= 1", "aux_layers": ">= 0",
                                         "mask_token_id": ">= 0", "draft_vocab_size": ">= 1", "anchors": ">= 1",
                                         "eval_anchors": ">= 1", "gamma": "> 0", "hard_weight": ">= 0",
-                                        "correction_rank": ">= 0"})
+                                        "correction_rank": ">= 0", "markov_rank": ">= 0", "confidence_weight": ">= 0"})
         if self.block_size < 2:
             raise ConfigError(f"'dflash.block_size' must be >= 2 (the anchor and a draft), got {self.block_size}")
         check_increasing(self.aux_layers, "dflash.aux_layers")
+        if self.markov_rank and self.correction_rank:
+            raise ConfigError("'dflash.markov_rank' and 'dflash.correction_rank' both bias a slot by the tokens before "
+                              "it; set one (markov_rank is DSpark's, which vLLM serves)")
+        if self.confidence_head and self.confidence_with_markov and not self.markov_rank:
+            raise ConfigError("'dflash.confidence_with_markov' needs a Markov head: set dflash.markov_rank (DSpark's "
+                              "default is 256), or dflash.confidence_with_markov=false")
+
+
+@dataclass
+class PEagleOptions:
+    """P-EAGLE training options (owned by headway/train/peagle.py; docs/peagle.md)."""
+
+    num_depths: int = opt(5, "K: tokens one drafter call drafts (the real slot and K - 1 mask slots), fixed at "
+                             "training: decoders and vLLM draft at most K per step")
+    num_layers: int = opt(2, "drafter layers: the fused EAGLE-3 layer, then plain Llama layers")
+    draft_vocab_size: int | None = opt(None, "own lm_head over the N most frequent answer tokens (initialised from "
+                                             "the target's rows); None = the full target vocabulary")
+    aux_layers: list[int] = opt(default_factory=list, help="fused target layers as HF hidden-state indices, strictly "
+                                                           "increasing; empty = (2, L//2, L-3)")
+    mask_token_id: int | None = opt(None, "target token whose embedding fills the mask slots; None = the least used "
+                                          "token of the training answers")
+    down_sample_ratio: float = opt(0.7, "depth d >= 1 trains about ratio**d of a row's chains (speculators' COD "
+                                        "sampling): deeper depths cost less")
+    down_sample_ratio_min: float = opt(0.2, "the least share of chains any depth trains")
+    max_anchors: int | None = opt(None, "at most this many chains per row at each depth >= 1 (bounds a long row's "
+                                        "cost); None = no cap")
+    hard_weight: float = opt(0.0, "weight of an extra cross-entropy to the target's argmax")
+    norm_before_fc: bool = opt(False, "an RMSNorm over the concatenated target states before fc (speculators' option)")
+    norm_before_residual: bool = opt(False, "the first layer's residual is the normed hidden state (speculators' "
+                                            "option)")
+    own_embeddings: bool = opt(False, "train an own copy of the token embedding (speculators trains P-EAGLE's; the "
+                                      "export then ships it) instead of borrowing the target's, frozen")
+    argmax_from: str = opt("logits", "where training reads the target's argmax: logits, or data (greedy-distilled "
+                                     "data only; offline, only the draft vocabulary's lm_head rows are projected)",
+                           choices=ARGMAX_FROM)
+
+    def __post_init__(self) -> None:
+        check_choice(self.argmax_from, ARGMAX_FROM, "peagle.argmax_from")
+        check_numbers(self, "peagle.", {"num_depths": ">= 2", "num_layers": ">= 1", "draft_vocab_size": ">= 1",
+                                        "aux_layers": ">= 0", "mask_token_id": ">= 0", "down_sample_ratio": "in (0, 1]",
+                                        "down_sample_ratio_min": "in [0, 1]", "max_anchors": ">= 1",
+                                        "hard_weight": ">= 0"})
+        check_increasing(self.aux_layers, "peagle.aux_layers")
+        if self.aux_layers and len(self.aux_layers) != 3:
+            raise ConfigError(f"P-EAGLE fuses exactly 3 target layers: 'peagle.aux_layers' has {self.aux_layers}")
 
 
 def check_increasing(layers: list[int], option: str) -> None:
@@ -263,6 +317,15 @@ def _dflash_target(cfg: Any, shape: TargetShape) -> None:
                           "training row can hold a block")
 
 
+def _peagle_target(cfg: Any, shape: TargetShape) -> None:
+    o = cfg.peagle
+    _vocab_within("peagle.draft_vocab_size", o.draft_vocab_size, shape)
+    _layers_within("peagle.aux_layers", o.aux_layers, shape)
+    if o.mask_token_id is not None and o.mask_token_id >= shape.vocab_size:
+        raise ConfigError(f"'peagle.mask_token_id' is {o.mask_token_id}, but the target's vocabulary has "
+                          f"{shape.vocab_size} tokens (ids 0..{shape.vocab_size - 1})")
+
+
 def _final_only(cfg: Any, L: int) -> list[int]:
     return [-1]
 
@@ -273,6 +336,10 @@ def _eagle3_layers(cfg: Any, L: int) -> list[int]:
 
 def _dflash_layers(cfg: Any, L: int) -> list[int]:
     return [*(cfg.dflash.aux_layers or dflash_layers(L)), -1]
+
+
+def _peagle_layers(cfg: Any, L: int) -> list[int]:
+    return [*(cfg.peagle.aux_layers or eagle3_layers(L)), -1]
 
 
 CONTRACTS: dict[str, Contract] = {c.kind: c for c in (
@@ -293,5 +360,9 @@ CONTRACTS: dict[str, Contract] = {c.kind: c for c in (
              layers=_dflash_layers,
              counts_answers=lambda cfg: cfg.dflash.draft_vocab_size is not None or cfg.dflash.mask_token_id is None,
              preset="dflash final", check=_one_init("dflash.init_layer"), check_target=_dflash_target),
+    Contract("peagle", "P-EAGLE: EAGLE-3 layers drafting K tokens in one pass (mask slots)", ("peagle",),
+             offline=True, layers=_peagle_layers,
+             counts_answers=lambda cfg: cfg.peagle.draft_vocab_size is not None or cfg.peagle.mask_token_id is None,
+             preset="eagle3 final", check_target=_peagle_target),
 )}
 KINDS = tuple(CONTRACTS)
