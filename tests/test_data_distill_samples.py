@@ -7,11 +7,10 @@ import json
 import pytest
 import torch
 
-from headway.data import distill as distill_mod
 from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.errors import DataError, ResumeMismatchError
 
-from test_data_distill import PROMPTS, cfg_for, write_jsonl
+from test_data_distill import PROMPTS, cfg_for, interrupt_after_one_shard, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SAMPLED = dict(temperature=1.0, seed=3)
@@ -38,18 +37,7 @@ def test_a_resumed_run_redraws_the_same_answers_and_other_settings_are_refused(l
     src = write_jsonl(tmp_path / "p.jsonl", [{"prompt": p} for p in PROMPTS])
     cfg = dict(limit=5, samples_per_prompt=2, **SAMPLED)  # 10 rows, shards of 4: a sample pair across a shard end
     full = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "full", **cfg))).to_list()
-    real_write, written = distill_mod.write_shard, []
-
-    def write_then_die(folder, j, rows, stats, feats=None):
-        if len(written) == 1:
-            raise KeyboardInterrupt
-        written.append(j)
-        return real_write(folder, j, rows, stats, feats)
-
-    monkeypatch.setattr(distill_mod, "write_shard", write_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        distill(cfg_for(llama_dir, src, tmp_path / "part", **cfg))
-    monkeypatch.setattr(distill_mod, "write_shard", real_write)
+    interrupt_after_one_shard(monkeypatch, lambda: distill(cfg_for(llama_dir, src, tmp_path / "part", **cfg)))
     torch.rand(100)
     with pytest.raises(ResumeMismatchError, match="samples_per_prompt=2.*samples_per_prompt=3"):
         distill(cfg_for(llama_dir, src, tmp_path / "part", **{**cfg, "samples_per_prompt": 3}))

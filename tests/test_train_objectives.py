@@ -56,17 +56,22 @@ def test_terms_are_read_from_an_option_section():
 
 
 # -- EAGLE-3 -----------------------------------------------------------------------------------
+def randomized(drafter):
+    """Random matrices large enough that the residual branches matter (the init is near an identity)."""
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    return drafter
+
+
 @pytest.fixture(scope="module")
 def eagle():
     """A random EAGLE-3 drafter over the whole vocabulary (every data token draftable), a batch with
     prompts and padding, the target's logits: what the loss reads."""
     target, _ = tiny_target()
     torch.manual_seed(0)
-    d = Eagle3Drafter.for_target(target, draft_vocab_size=target.config.vocab_size)
-    with torch.no_grad():
-        for p in d.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.2)
+    d = randomized(Eagle3Drafter.for_target(target, draft_vocab_size=target.config.vocab_size))
     ids = torch.randint(3, 300, (3, 14))
     lm = torch.zeros_like(ids)
     lm[0, 4:12] = 1
@@ -154,11 +159,7 @@ def test_eagle3_alignment_over_every_draft_and_a_top_k_of_the_whole_vocabulary_c
 def dflash():
     target, _ = tiny_target()
     torch.manual_seed(1)
-    f = DFlashDrafter.for_target(target, mask_token_id=5, block_size=5)
-    with torch.no_grad():
-        for p in f.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.2)
+    f = randomized(DFlashDrafter.for_target(target, mask_token_id=5, block_size=5))
     ids = torch.randint(3, 300, (2, 16))
     lm = torch.zeros_like(ids)
     lm[0, 3:] = 1
