@@ -41,7 +41,8 @@ def tiny(tmp_path_factory):
     common = {"target": str(target), "data": str(data), "features": str(feats), "eval_features": str(held_feats),
               "eval_fraction": 0.0, "max_length": 20, "batch_size": 4, "max_steps": 2, "log_every": 1,
               "save_every": 0, "progress": False, "report_to": "none"}
-    eagle3 = write(root / "eagle3.yaml", {**common, "kind": "eagle3", "eagle": {"ttt_steps": 2, "draft_vocab_size": 128}})
+    eagle3 = write(root / "eagle3.yaml", {**common, "kind": "eagle3",
+                                          "eagle": {"ttt_steps": 2, "draft_vocab_size": 128}})
     dflash = write(root / "dflash.yaml", {**common, "kind": "dflash", "dflash": {"block_size": 4, "anchors": 4,
                                                                                   "eval_anchors": 4}})
     fconf = write(root / "features.yaml", {"dataset": str(data), "target": str(target), "store_dtype": "float32",

@@ -254,7 +254,8 @@ def test_every_ttt_length_decay_and_draft_vocabulary_of_the_grid_trains(wide, tm
     from headway.heads import load_heads
 
     heads = load_heads(tmp_path / "e3" / "final")
-    assert heads.config.draft_vocab_size == vocab and heads.metadata["training"]["options"]["eagle"]["ttt_steps"] == steps
+    assert heads.config.draft_vocab_size == vocab
+    assert heads.metadata["training"]["options"]["eagle"]["ttt_steps"] == steps
 
 
 @pytest.mark.parametrize("vocab", [4096, 16384])  # 32,768: the whole vocabulary here (no own lm_head)

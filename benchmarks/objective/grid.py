@@ -90,7 +90,7 @@ def options(kind: str, topk_folder: str | None, samples: tuple[str, str] | None,
             Run(kind, "chain", "expected accepted length (weight 0.5)", {f"{s}.chain_weight": 0.5})]
     if topk_folder:
         runs.append(Run(kind, "stored-topk", "soft labels from the stored top-64 logits",
-                        {f"{s}.soft_labels": "stored_topk", "features": topk_folder}, 0.9, [topk_folder]))
+                        {f"{s}.soft_labels": "stored_topk", "features": topk_folder}, 0.97, [topk_folder]))
     if samples:
         data, feats = samples
         runs.append(Run(kind, "samples2", "2 sampled answers (T=1) to each of half the prompts",

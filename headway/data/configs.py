@@ -52,8 +52,9 @@ class DistillConfig(TargetArgs):
     samples_per_prompt: int = opt(1, "answers sampled per prompt (needs temperature > 0): answer s of prompt i is "
                                      "row i * N + s, with the prompt's id and its sample index s (column 'sample'), "
                                      "seeded like every sampled row by the seed and its place (per batch with hf, per "
-                                     "row with vllm), so a resumed run redraws it. limit counts prompts: N answers "
-                                     "to limit / N prompts cost what one answer to limit prompts does")
+                                     "row with vllm), so a resumed run redraws it. limit counts prompts (N answers "
+                                     "to limit / N prompts cost what one answer to limit prompts does), "
+                                     "shard_size rows")
     batch_size: int = opt(8, "prompts per generate() call")
     shard_size: int = opt(256, "prompts per shard (the unit of resumption)")
     skip_bad_rows: bool = opt(False, "skip malformed rows (and report how many) instead of stopping")

@@ -172,7 +172,8 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
     to_draft = torch.zeros(drafter.t2d.numel(), dtype=torch.long, device=input_ids.device)
     to_draft[draft_ids] = torch.arange(draft_ids.numel(), device=input_ids.device)
     top_draft = to_draft[target_top]  # (B, T) draft ids (0 where outside the draft vocab: masked anyway)
-    data_draft = torch.where(drafter.t2d[input_ids], to_draft[input_ids], -1)  # (B, T) the data's tokens, -1 outside
+    if terms.align_topk:  # (B, T) the data's tokens as draft ids, -1 outside the draft vocabulary
+        data_draft = torch.where(drafter.t2d[input_ids], to_draft[input_ids], -1)
     loss = fused.new_zeros((), dtype=torch.float32)
     metrics: dict[str, Tensor] = {}
     alive: Tensor | None = None  # (B, T) GRIFFIN: every earlier step's next token was among its top-k drafts
