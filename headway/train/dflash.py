@@ -40,12 +40,14 @@ from .calibration import calibration_sums
 from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
 from .eagle import _EagleTask, pass_deepest_feature_through, refuse_other_shapes, target_layer_modules
+from .objectives import Terms, expected_accepted, in_topk, reached, topk_distill
 from .ttt import acceptance_stats
 
 
 def dflash_loss(drafter: DFlashDrafter, input_ids: Tensor, context: Tensor, target_logits: Tensor,
                 target_top: Tensor, loss_mask: Tensor, anchors: Tensor, valid: Tensor, gamma: float = 4.0,
-                hard_weight: float = 0.0, confidence_weight: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+                hard_weight: float = 0.0, confidence_weight: float = 1.0,
+                terms: Terms = Terms()) -> tuple[Tensor, dict[str, Tensor]]:
     """Σ_k w_k · CE_k / labelled slots, w_k = exp(-(k-1)/gamma), CE_k the soft cross-entropy of slot
     k against the target's distribution over the draft vocabulary (renormalised there), plus
     ``hard_weight`` times a CE to the target's argmax. target_logits (B, T, R) over the draft
@@ -55,7 +57,12 @@ def dflash_loss(drafter: DFlashDrafter, input_ids: Tensor, context: Tensor, targ
     A Markov head (DSpark) biases each slot by the data's token before it (teacher forcing); a
     confidence head adds ``confidence_weight`` · Σ_k w_k · BCE(its logit, sum_v min(p_v, q_v)), the
     overlap of the target's distribution p and the drafter's q at the slot (detached): the chance that
-    a draft sampled from q is accepted, speculators' DSpark target."""
+    a draft sampled from q is accepted, speculators' DSpark target.
+
+    ``terms`` (``objectives.py``, off by default): + topk_weight · w_k · L_topK per slot (HASS);
+    GRIFFIN's alignment (slot k is scored only where every slot before it had the data's token
+    among its top align_topk drafts: decoding reaches slot k only through them); and
+    -chain_weight · the mean over blocks of Σ_k Π_{i<=k} q_i(the target's argmax)."""
     bs = drafter.block_size
     out = draft_blocks(drafter, input_ids, context, anchors)[:, :, 1:]  # (B, n, bs-1, H)
     pos, labelled = slot_labels(anchors, valid, loss_mask, bs)
@@ -64,32 +71,53 @@ def dflash_loss(drafter: DFlashDrafter, input_ids: Tensor, context: Tensor, targ
     if drafter.has_draft_vocab:
         labelled = labelled & drafter.t2d[top]
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None, None].expand_as(prev)
-    n = labelled.sum()
     parents = slot_parents(input_ids, pos)  # (B, n, bs-1) teacher-forced along the data's tokens
     state = correction_states(drafter, out, parents)
-    logq = F.log_softmax(drafter.logits(out[labelled], None if state is None else state[labelled],
-                                        parents[labelled]).float(), dim=-1)  # (N, Vd)
+    logits = drafter.logits(out[labelled], None if state is None else state[labelled], parents[labelled])  # (N, Vd)
+    logq = F.log_softmax(logits.float(), dim=-1)  # (N, Vd)
     p = F.softmax(target_logits[rows[labelled], prev[labelled]].float(), dim=-1)  # (N, Vd)
-    ce = -(p * logq).sum(-1)  # (N,)
     k = torch.arange(1, bs, device=out.device).expand_as(prev)[labelled]  # (N,) slot of each row
+    top_draft = drafter.to_draft_ids(top[labelled], missing=0)  # (N,)
+    metrics: dict[str, Tensor] = {}
+    slot_out, slot_parents_ = out[labelled], parents[labelled]  # the confidence head's inputs, per scored slot
+    chain = None
+    if terms.chain_weight:  # q_k(the target's argmax) per slot, 0 where a slot has no label
+        q = logq.new_zeros(labelled.shape).masked_scatter(labelled, logq.gather(-1, top_draft[:, None])[:, 0].exp())
+        firsts = labelled[..., 0]  # (B, n) blocks whose first slot has a label
+        chain = expected_accepted(q)[firsts].sum() / firsts.sum().clamp(min=1)
+        metrics["chain"] = chain.detach()
+    if terms.align_topk:  # GRIFFIN: only the slots a decoder reaches through the slots before them
+        data = drafter.to_draft_ids(input_ids.gather(1, pos.flatten(1)).view_as(pos)[labelled])  # (N,) -1 outside
+        hits = torch.zeros_like(labelled).masked_scatter(labelled, in_topk(logits, data, terms.align_topk))
+        scored = reached(hits)[labelled]  # (N,)
+        metrics["reached"] = scored.sum().float() / labelled.sum().clamp(min=1)
+        logq, p, k, top_draft, slot_out, slot_parents_ = (
+            x[scored] for x in (logq, p, k, top_draft, slot_out, slot_parents_))
+    n = k.new_tensor(k.numel()).clamp(min=1)  # the scored slots
+    ce = -(p * logq).sum(-1)  # (N,)
     w = torch.exp(-(k - 1).float() / gamma)
     per_slot = ce
-    top_draft = drafter.to_draft_ids(top[labelled], missing=0)  # (N,)
     if hard_weight:
         per_slot = ce + hard_weight * F.nll_loss(logq, top_draft, reduction="none")
-    loss = (w * per_slot).sum() / n.clamp(min=1)
+    if terms.topk_weight:
+        topk = topk_distill(p, logq, terms.topk_k)  # (N,)
+        per_slot = per_slot + terms.topk_weight * topk
+        metrics["topk"] = topk.sum().detach() / n
+    loss = (w * per_slot).sum() / n
+    if chain is not None:
+        loss = loss - terms.chain_weight * chain
     hit = logq.argmax(-1) == top_draft  # (N,)
-    metrics: dict[str, Tensor] = {"ce": ce.sum().detach() / n.clamp(min=1), "acc": hit.sum().float() / n.clamp(min=1)}
+    metrics.update(ce=ce.sum().detach() / n, acc=hit.sum().float() / n)
     for j in (1, bs - 1):
         at = k == j
         metrics[f"acc_slot{j}"] = (hit & at).sum().float() / at.sum().clamp(min=1)
     if drafter.has_confidence:
         overlap = torch.minimum(p, logq.detach().exp()).sum(-1)  # (N,) sum_v min(p_v, q_v)
-        z = drafter.confidence_logit(out[labelled], parents[labelled]).float()  # (N,)
+        z = drafter.confidence_logit(slot_out, slot_parents_).float()  # (N,)
         bce = F.binary_cross_entropy_with_logits(z, overlap, reduction="none")
-        loss = loss + confidence_weight * (w * bce).sum() / n.clamp(min=1)
-        metrics["confidence_bce"] = bce.detach().sum() / n.clamp(min=1)
-        metrics["confidence_error"] = (torch.sigmoid(z.detach()) - overlap).abs().sum() / n.clamp(min=1)
+        loss = loss + confidence_weight * (w * bce).sum() / n
+        metrics["confidence_bce"] = bce.detach().sum() / n
+        metrics["confidence_error"] = (torch.sigmoid(z.detach()) - overlap).abs().sum() / n
     return loss, metrics
 
 
@@ -225,7 +253,7 @@ class DFlashTask(_EagleTask):
         anchors, valid = self.anchors(tb, step)
         return dflash_loss(heads, tb.input_ids, self.hidden(heads, tb), logits, top, tb.loss_mask, anchors, valid,
                            gamma=self.opts.gamma, hard_weight=self.opts.hard_weight,
-                           confidence_weight=self.opts.confidence_weight)
+                           confidence_weight=self.opts.confidence_weight, terms=Terms.of(self.opts))
 
     @staticmethod
     def calibration_sums(heads: HeadsBase, tb: TargetBatch, depth: int) -> dict[str, Tensor]:
