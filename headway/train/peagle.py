@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..heads import HeadsBase, PEagleDrafter
-from .batch import TargetBatch
+from .batch import StoredLogits, TargetBatch
 from .blocks import row_draws
 from .calibration import depth_sums, stack_depths
 from .config import TrainConfig
@@ -180,6 +180,10 @@ class PEagleTask(_EagleTask):
         heads.metadata["mask_token"] = {"id": mask_id, "chosen_by": mask_from}
         self.check_data()
         return heads
+
+    def stored_logits(self, heads: HeadsBase, lm_head: nn.Module) -> StoredLogits:
+        """Offline: the target's lm_head on the stored final states (P-EAGLE has no stored top-k option)."""
+        return StoredLogits(lm_head, rows=self.logit_rows(heads), top=self.opts.argmax_from)
 
     def slots(self, tb: TargetBatch, step: int) -> tuple[Tensor, Tensor, Tensor]:
         """This step's mask slots: each row's a pure function of (seed, step, row), so resumed and
