@@ -1,13 +1,15 @@
 import json
+from typing import Any
 
+import pytest
 import torch
 
 from headway.cli import main
 from headway.decode import Speculator
 from headway.decode.shapes import StaticShape, chain
 from headway.bench.methods import tree_spec
-from headway.bench.tune import (SPECULATE_MARGIN, TuneConfig, batch_choice, expected_accepted, interpolate, shape_spec,
-                                tune)
+from headway.bench.tune import (SPECULATE_MARGIN, Budget, TuneConfig, batch_choice, expected_accepted, interpolate,
+                                run_side_by_side, shape_spec, tune)
 from headway.decode.shapes import parse_shape
 from headway.heads import Eagle1Drafter, MedusaHeads
 from headway.testing import sample_texts
@@ -65,6 +67,20 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         assert shape_spec(spec.tree_for(1.0)) == shape_spec(spec.fit_tree(report["sampling_tree"]))
 
 
+def eagle1_and_prompts(tmp_path, llama_dir, n: int):
+    """The target, its tokenizer, untrained EAGLE-1 heads saved beside it, a file of ``n`` prompts
+    and the text they were cut from."""
+    from headway.target import load_target
+
+    model, tok = load_target(str(llama_dir))
+    torch.manual_seed(0)
+    hdir = Eagle1Drafter.for_target(model).save_pretrained(tmp_path / "eagle1")
+    prompts = tmp_path / "p.jsonl"
+    text = sample_texts(20_000)[0]
+    prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(n)))
+    return model, tok, hdir, prompts, text
+
+
 def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir, capsys):
     """``batch_sizes``: speculating against plain decoding, measured per batch size and stored; the
     speculator loaded from the heads then follows the table (untrained heads: plain decoding wins
@@ -111,6 +127,67 @@ def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir, caps
     out = spec.generate_batch([ids, ids[:40]], max_new_tokens=10)
     ref = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
     assert out.rows[0].ids == ref
+
+
+class _StubStats:
+    def __init__(self, tokens: int, seconds: float):
+        self.new_tokens, self.time_total, self.tau = tokens, seconds, 1.0
+
+
+class _StubSpec:
+    """Enough of a Speculator for ``run_side_by_side``: each generation takes one second of a fake clock."""
+
+    def __init__(self):
+        self.tree = self.sampling_tree = None
+        self.now = 0.0
+        self.calls: list[tuple[str, Any]] = []
+
+    def generate(self, prompt, max_new_tokens, temperature, seed):
+        self.now += 1.0
+        self.calls.append((self.tree, prompt))
+        return type("Out", (), {"stats": _StubStats(max_new_tokens, 1.0)})()
+
+
+def test_a_spent_budget_stops_between_prompts_and_keeps_what_was_measured():
+    """The budget is checked between prompts: every candidate has run the same prompts when it stops,
+    the first prompt always runs, and each candidate reports how many prompts it was measured on."""
+    spec = _StubSpec()
+    budget = Budget(5.0, clock=lambda: spec.now)
+    shapes = {"a": "A", "b": "B", "c": "C"}
+    out = run_side_by_side(spec, shapes, ["p0", "p1", "p2", "p3"], 8, 0.0, 2, budget=budget)  # type: ignore[arg-type]
+    # warm-up 1 s, prompt 0 at 1..4 s (not spent), prompt 1 at 4..7 s, then spent: 2 of 8 prompt runs
+    assert {r["prompts"] for r in out.values()} == {2}
+    measured = spec.calls[1:]
+    assert sorted(measured) == sorted((s, p) for s in "ABC" for p in ("p0", "p1"))
+    spec = _StubSpec()
+    out = run_side_by_side(spec, shapes, ["p0", "p1"], 8, 0.0, 2, budget=Budget(0.0, clock=lambda: spec.now))
+    assert {r["prompts"] for r in out.values()} == {1} and len(spec.calls) == 1 + 3  # the first prompt always runs
+    spec = _StubSpec()
+    out = run_side_by_side(spec, shapes, ["p0", "p1"], 8, 0.0, 2, budget=Budget(None, clock=lambda: spec.now))
+    assert {r["prompts"] for r in out.values()} == {4}  # no limit: every repeat of every prompt
+
+
+def test_tune_within_a_spent_budget_keeps_the_best_measured_and_stores_plain_for_the_rest(tmp_path, llama_dir):
+    """A budget spent before the trees are run (as a tiny one always is): each temperature measures
+    its first prompt, the fastest tree of those runs is stored, tune says so, and the batch sizes it
+    had no time for are stored as plain decoding (never slower than plain decoding)."""
+    _, _, hdir, prompts, _ = eagle1_and_prompts(tmp_path, llama_dir, 3)
+    said: list[str] = []
+    cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=3, max_new_tokens=6,
+                     probe_depth=2, probe_rank=2, sizes=[2], finalists=1, repeats=2, batch_sizes=[2, 4],
+                     budget_s=1e-9)
+    report = tune(cfg, log=said.append)
+    assert report["budget"] == {"budget_s": 1e-9, "planned_prompt_runs": 6, "measured_prompt_runs": {"0.0": 1},
+                                "spent": True}
+    assert all(r["prompts"] == 1 for r in report["side_by_side"]["0.0"].values())
+    speed = report["mean_tokens_per_s"]
+    assert report["chosen"] == max(speed, key=speed.get)
+    assert any(m.startswith("plan: ") and "budget 1e-09 s" in m for m in said)
+    assert any(m.startswith("budget of 1e-09 s spent: kept the fastest") for m in said)
+    assert any("batch sizes 2, 4 not measured" in m for m in said)
+    stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
+    assert stored["tree"] == report["tree"] and stored["by_batch"] == {"2": False, "4": False}
+    assert not Speculator.from_pretrained(str(llama_dir), str(hdir)).policy.speculate(4)
 
 
 def test_tune_cli_bad_heads_path_is_one_line_error(capsys, llama_dir):
@@ -164,8 +241,8 @@ def test_tune_keeps_a_tree_per_temperature_and_decoders_use_each(tmp_path, llama
     hdir = Eagle1Drafter.for_target(model).save_pretrained(tmp_path / "eagle1")
     fast = {0.0: "chain-2", 1.0: "chain-1"}
 
-    def fake_runs(spec, shapes, prompts, max_new, temperature, repeats, progress=None):
-        return {n: {"tokens_per_s": 10.0 + (n == fast[temperature]), "tau": 1.0} for n in shapes}
+    def fake_runs(spec, shapes, prompts, max_new, temperature, repeats, progress=None, budget=None):
+        return {n: {"tokens_per_s": 10.0 + (n == fast[temperature]), "tau": 1.0, "prompts": 1} for n in shapes}
 
     monkeypatch.setattr(tune_mod, "run_side_by_side", fake_runs)
     prompts = tmp_path / "p.jsonl"
