@@ -40,6 +40,25 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", *, positional: bool 
     return dataclasses.field(default=default, metadata=meta, kw_only=kw_only or dataclasses.MISSING)
 
 
+@dataclasses.dataclass(kw_only=True)
+class SamplingOptions:
+    """How a command samples the target: temperature, top-p and top-k (applied in HF ``generate``'s
+    order, ``headway/sampling.py``) and the seed of its draws. Declared once here, for every command
+    that samples (distill, prompts, generate, chat), so their flags, YAML keys and help agree; a
+    command whose default differs (prompts samples at 1.0, generate leaves the seed unset)
+    re-declares that one field. Keyword-only, like ``TargetArgs``, so a config may mix both with
+    required fields of its own."""
+
+    temperature: float = opt(0.0, "sampling temperature; 0 = greedy")
+    top_p: float = opt(1.0, "nucleus sampling threshold (1 = off)")
+    top_k: int = opt(0, "top-k sampling (0 = off)")
+    seed: int = opt(0, "seed of the sampling draws: the same seed, settings and prompts draw the same output")
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        """``temperature``, ``top_p`` and ``top_k``, as the decoder and the data stage take them."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

@@ -3,7 +3,6 @@
 
 import math
 import re
-import time
 
 import pytest
 import torch
@@ -108,40 +107,74 @@ def test_fork_spec_reads_back():
     assert shape_spec(shape) == "fork-3" and shape_spec(shape.truncated(1)) == "fork-1"
 
 
-def test_tree_specs_are_bounded_and_refused_at_once():
+def test_tree_specs_are_bounded_and_refused_at_once(monkeypatch):
     """chain-N used to build its N(N+1)/2 path entries and close them under prefixes (cubic) before
     the decoder truncated the tree to the heads' depth: chain-4000 took minutes, chain-100000 ran
     out of memory. Now anything over the limits is refused before it is built."""
-    t = time.perf_counter()
+    from headway.decode import shapes
+
+    built: list[str] = []
+
+    class Spy(StaticShape):
+        def __post_init__(self) -> None:
+            built.append(self.name)
+            super().__post_init__()
+
+    monkeypatch.setattr(shapes, "StaticShape", Spy)
     for spec, words in [("chain-1000", f"depth 1000 is over the limit of {MAX_TREE_DEPTH}"),
                         ("chain-4000", f"depth 4000 is over the limit of {MAX_TREE_DEPTH}"),
                         ("chain-100000", "depth 100000"),
                         (f"dynamic-4-{MAX_TREE_DEPTH + 1}-16", "depth"),
                         (f"dynamic-4-5-{MAX_TREE_NODES + 1}", f"over the limit of {MAX_TREE_NODES}"),
-                        (f"dynamic-{MAX_DYNAMIC_TOP_K + 1}-5-16", "top_k"),
-                        ("static:[" + ",".join(f"[{r}]" for r in range(MAX_TREE_NODES)) + "]",
+                        (f"dynamic-{MAX_DYNAMIC_TOP_K + 1}-5-16", "top_k")]:
+        with pytest.raises(TreeSpecError, match="over the limit") as e:
+            parse_shape(spec)
+        assert words in str(e.value)
+    assert built == []  # refused from the numbers: no over-limit tree was started
+    for spec, words in [("static:[" + ",".join(f"[{r}]" for r in range(MAX_TREE_NODES)) + "]",
                          f"nodes (root included) {MAX_TREE_NODES + 1}"),
                         ("static:[[" + ",".join(["0"] * (MAX_TREE_DEPTH + 1)) + "]]", "depth")]:
         with pytest.raises(TreeSpecError, match="over the limit") as e:
             parse_shape(spec)
         assert words in str(e.value)
-    assert time.perf_counter() - t < 1.0
     with pytest.raises(TreeSpecError):
         chain(MAX_TREE_DEPTH + 1)
     with pytest.raises(TreeSpecError):
         DynamicShape(4, 5, MAX_TREE_NODES + 1)
 
 
-def test_the_largest_allowed_trees_build_quickly():
-    t = time.perf_counter()
+def test_a_static_tree_stops_reading_paths_at_the_first_over_the_limit():
+    """Paths are checked as they are read: a tree with far more paths than the node limit is refused
+    at the path that crosses it (the rest is never closed under prefixes), and a path deeper than
+    the limit is refused before its prefixes are made."""
+    read = 0
+
+    def paths(n: int, path=lambda i: (i,)):
+        nonlocal read
+        for i in range(n):
+            read += 1
+            yield path(i)
+
+    with pytest.raises(TreeSpecError, match=f"nodes \\(root included\\) {MAX_TREE_NODES + 1}"):
+        StaticShape(paths(100 * MAX_TREE_NODES))  # type: ignore[arg-type]
+    assert read == MAX_TREE_NODES  # the root and MAX_TREE_NODES one-node paths: one too many
+    read = 0
+    with pytest.raises(TreeSpecError, match="depth 100000"):
+        StaticShape(paths(10, lambda i: (0,) * (1 if i < 3 else 100_000)))  # type: ignore[arg-type]
+    assert read == 4
+
+
+def test_the_largest_allowed_trees_build():
     deep = parse_shape(f"chain-{MAX_TREE_DEPTH}")
     assert deep.depth == MAX_TREE_DEPTH and deep.size == MAX_TREE_DEPTH + 1
+    assert deep.parents.tolist() == [-1] + list(range(MAX_TREE_DEPTH))
     wide = StaticShape([(r,) for r in range(MAX_TREE_NODES - 1)])
-    assert wide.size == MAX_TREE_NODES
+    assert wide.size == MAX_TREE_NODES and wide.parents.tolist() == [-1] + [0] * (MAX_TREE_NODES - 1)
     # many long paths sharing prefixes: the prefix closure stops at the first known prefix
     bushy = StaticShape([(0,) * (MAX_TREE_DEPTH - 1) + (r,) for r in range(MAX_TREE_NODES - MAX_TREE_DEPTH)])
     assert bushy.size == MAX_TREE_NODES and bushy.depth == MAX_TREE_DEPTH
-    assert time.perf_counter() - t < 5.0
+    spine = MAX_TREE_DEPTH - 1  # the node at depth 63 every leaf hangs from
+    assert bushy.parents[spine + 1:].tolist() == [spine] * (MAX_TREE_NODES - MAX_TREE_DEPTH)
     assert chain(3).paths == [(0,), (0, 0), (0, 0, 0)] and parse_shape("chain").paths == chain(4).paths
 
 

@@ -1,13 +1,15 @@
 import json
+from typing import Any
 
+import pytest
 import torch
 
 from headway.cli import main
 from headway.decode import Speculator
 from headway.decode.shapes import StaticShape, chain
 from headway.bench.methods import tree_spec
-from headway.bench.tune import (SPECULATE_MARGIN, TuneConfig, batch_choice, expected_accepted, interpolate, shape_spec,
-                                tune)
+from headway.bench.tune import (SPECULATE_MARGIN, Budget, TuneConfig, batch_choice, expected_accepted, interpolate,
+                                run_side_by_side, shape_spec, tune)
 from headway.decode.shapes import parse_shape
 from headway.heads import Eagle1Drafter, MedusaHeads
 from headway.testing import sample_texts
@@ -44,7 +46,8 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(3)))
         cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=3,
                          max_new_tokens=12, probe_depth=3, probe_rank=3, sizes=[2, 4], finalists=1, repeats=1,
-                         temperatures=[0.0, 1.0], json_out=str(tmp_path / "tune.json"))
+                         temperatures=[0.0, 1.0], json_out=str(tmp_path / "tune.json"),
+                         budget_s=None)  # every run is counted below: no budget may cut them on a busy machine
         rng = torch.get_rng_state()
         report = tune(cfg, log=lambda m: None)
         assert torch.equal(torch.get_rng_state(), rng)  # probes and sampled runs draw from their own generators
@@ -65,10 +68,9 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         assert shape_spec(spec.tree_for(1.0)) == shape_spec(spec.fit_tree(report["sampling_tree"]))
 
 
-def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir, capsys):
-    """``batch_sizes``: speculating against plain decoding, measured per batch size and stored; the
-    speculator loaded from the heads then follows the table (untrained heads: plain decoding wins
-    wherever drafting only costs, and the output is the target's either way)."""
+def eagle1_and_prompts(tmp_path, llama_dir, n: int):
+    """The target, its tokenizer, untrained EAGLE-1 heads saved beside it, a file of ``n`` prompts
+    and the text they were cut from."""
     from headway.target import load_target
 
     model, tok = load_target(str(llama_dir))
@@ -76,41 +78,133 @@ def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir, caps
     hdir = Eagle1Drafter.for_target(model).save_pretrained(tmp_path / "eagle1")
     prompts = tmp_path / "p.jsonl"
     text = sample_texts(20_000)[0]
-    prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(2)))
+    prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(n)))
+    return model, tok, hdir, prompts, text
+
+
+def test_tune_stores_speculate_or_plain_per_batch_size(tmp_path, llama_dir, capsys, monkeypatch):
+    """``batch_sizes``: speculating against plain decoding, measured per batch size and stored; the
+    speculator loaded from the heads then follows the table. The measurements are injected (through
+    ``run_side_by_side`` and ``timed_batch``, what tune measures with), so which tree wins, and where
+    drafting pays, is set by the test, not by the machine's load."""
+    from headway.bench import tune as tune_mod
+
+    model, tok, hdir, prompts, text = eagle1_and_prompts(tmp_path, llama_dir, 2)
+    fastest = {0.0: "chain-2", 1.0: "fork-1"}  # the single-prompt winners tune stores as tree / sampling_tree
+
+    def fake_runs(spec, shapes, prompts, max_new, temperature, repeats, progress=None, budget=None):
+        return {n: {"tokens_per_s": 10.0 + (n == fastest[temperature]), "tau": 1.0, "prompts": 2} for n in shapes}
+
+    # tokens/s per (batch size, sampled, candidate): greedy drafting pays at 1 only (chain-1 at 2 is a
+    # near-tie under the margin); sampled, the tuned fork-1 loses at 1 and fork-2 wins at 2
+    rates = {(1, False): {"plain": 10.0, "chain-2": 20.0},
+             (2, False): {"plain": 10.0, "chain-2": 9.0, "chain-1": 10.3, "chain-3": 8.0},
+             (1, True): {"plain": 10.0, "fork-1": 9.0},
+             (2, True): {"plain": 10.0, "fork-1": 9.5, "chain-1": 9.0, "chain-2": 8.0, "chain-3": 7.0,
+                         "fork-2": 12.0}}
+    timed: list[tuple[int, float, str]] = []
+
+    def fake_timed_batch(spec, rows, max_new, temperature, seed):
+        entry = spec.policy.by_batch[1]  # the candidate measure_batch_cutover set up
+        name = "plain" if entry is False else shape_spec(spec.tree_for(temperature) if entry is True else entry)
+        timed.append((len(rows), temperature, name))
+        tokens = len(rows) * max_new
+        return tokens, tokens / rates[len(rows), temperature > 0][name]
+
+    monkeypatch.setattr(tune_mod, "run_side_by_side", fake_runs)
+    monkeypatch.setattr(tune_mod, "timed_batch", fake_timed_batch)
     cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=2, max_new_tokens=12,
                      probe_depth=2, probe_rank=2, sizes=[2], finalists=1, repeats=1, batch_sizes=[1, 2],
                      temperatures=[0.0, 1.0])
     report = tune(cfg, log=lambda m: None)
+    assert (report["chosen"], report["sampling_chosen"]) == ("chain-2", "fork-1")
     side = report["by_batch_side_by_side"]
     assert sorted(side) == [1, 2]
     # its own progress lines (not a terminal): every candidate x (warm-up + repeats) x temperature, counted
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("tune by batch size: ")]
     runs = sum(len(m["candidates"]) * 2 for modes in side.values() for m in modes.values())
     assert lines and lines[-1].split()[4] == f"{runs}/{runs}" and all("ETA" in x for x in lines)
+    assert len(timed) == runs and {(b, t) for b, t, _ in timed} == {(1, 0.0), (1, 1.0), (2, 0.0), (2, 1.0)}
     assert all(sorted(modes) == ["greedy", "sampling"] for modes in side.values())  # T=0 and T>0 measured apart
-    assert all(r["tokens_per_s"] > 0 and r["plain_tokens_per_s"] > 0 for m in side.values() for r in m.values())
-    # one prompt: the tuned tree against plain decoding; two: the short chains too
-    assert sorted(side[1]["greedy"]["candidates"]) == sorted(["plain", report["chosen"]])
-    assert {"plain", "chain-1", "chain-2"} <= set(side[2]["greedy"]["candidates"])
-    # sampled batches try the short forks too (a drawn sibling pays above T=0); greedy ones do not
-    assert {"plain", "chain-1", "chain-2", "fork-1", "fork-2"} <= set(side[2]["sampling"]["candidates"])
-    assert not any(c.startswith("fork-") for c in side[2]["greedy"]["candidates"])
+    # one prompt: the tuned tree against plain decoding; two: the short chains too, and when sampling the forks
+    for (b, sampled), want in rates.items():
+        assert side[b]["sampling" if sampled else "greedy"]["candidates"] == pytest.approx(want)
     decode = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
-    for key, mode in (("by_batch", "greedy"), ("by_batch_sampling", "sampling")):
-        [tree] = set(side[1][mode]["candidates"]) - {"plain"}  # the tuned tree, by the name tune gave it
-        for b in side:
-            rates = side[b][mode]["candidates"]
-            best = batch_choice(rates)
-            assert decode[key][str(b)] == (False if best == "plain" else True if best == tree else best)
+    assert decode["by_batch"] == {"1": True, "2": False}  # the tuned chain-2 at 1; the near-tie is plain
+    assert decode["by_batch_sampling"] == {"1": False, "2": "fork-2"}
+    assert side[2]["greedy"]["tree"] is None and side[2]["sampling"]["tree"] == "fork-2"
 
     spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
     for table, key in ((spec.policy.by_batch, "by_batch"), (spec.policy.by_batch_sampling, "by_batch_sampling")):
         assert {b: v if isinstance(v, bool) else shape_spec(v) for b, v in table.items()} == \
             {int(b): v for b, v in decode[key].items()}
+    assert spec.policy.speculate(1) and not spec.policy.speculate(2)
+    assert not spec.policy.speculate(1, sampling=True) and spec.policy.speculate(2, sampling=True)
     ids = tok(text[:200])["input_ids"]
     out = spec.generate_batch([ids, ids[:40]], max_new_tokens=10)
     ref = model.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
     assert out.rows[0].ids == ref
+
+
+class _StubStats:
+    def __init__(self, tokens: int, seconds: float):
+        self.new_tokens, self.time_total, self.tau = tokens, seconds, 1.0
+
+
+class _StubSpec:
+    """Enough of a Speculator for ``run_side_by_side``: each generation takes one second of a fake clock."""
+
+    def __init__(self):
+        self.tree = self.sampling_tree = None
+        self.now = 0.0
+        self.calls: list[tuple[str, Any]] = []
+
+    def generate(self, prompt, max_new_tokens, temperature, seed):
+        self.now += 1.0
+        self.calls.append((self.tree, prompt))
+        return type("Out", (), {"stats": _StubStats(max_new_tokens, 1.0)})()
+
+
+def test_a_spent_budget_stops_between_prompts_and_keeps_what_was_measured():
+    """The budget is checked between prompts: every candidate has run the same prompts when it stops,
+    the first prompt always runs, and each candidate reports how many prompts it was measured on."""
+    spec = _StubSpec()
+    budget = Budget(5.0, clock=lambda: spec.now)
+    shapes = {"a": "A", "b": "B", "c": "C"}
+    out = run_side_by_side(spec, shapes, ["p0", "p1", "p2", "p3"], 8, 0.0, 2, budget=budget)  # type: ignore[arg-type]
+    # warm-up 1 s, prompt 0 at 1..4 s (not spent), prompt 1 at 4..7 s, then spent: 2 of 8 prompt runs
+    assert {r["prompts"] for r in out.values()} == {2}
+    measured = spec.calls[1:]
+    assert sorted(measured) == sorted((s, p) for s in "ABC" for p in ("p0", "p1"))
+    spec = _StubSpec()
+    out = run_side_by_side(spec, shapes, ["p0", "p1"], 8, 0.0, 2, budget=Budget(0.0, clock=lambda: spec.now))
+    assert {r["prompts"] for r in out.values()} == {1} and len(spec.calls) == 1 + 3  # the first prompt always runs
+    spec = _StubSpec()
+    out = run_side_by_side(spec, shapes, ["p0", "p1"], 8, 0.0, 2, budget=Budget(None, clock=lambda: spec.now))
+    assert {r["prompts"] for r in out.values()} == {4}  # no limit: every repeat of every prompt
+
+
+def test_tune_within_a_spent_budget_keeps_the_best_measured_and_stores_plain_for_the_rest(tmp_path, llama_dir):
+    """A budget spent before the trees are run (as a tiny one always is): each temperature measures
+    its first prompt, the fastest tree of those runs is stored, tune says so, and the batch sizes it
+    had no time for are stored as plain decoding (never slower than plain decoding)."""
+    _, _, hdir, prompts, _ = eagle1_and_prompts(tmp_path, llama_dir, 3)
+    said: list[str] = []
+    cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=3, max_new_tokens=6,
+                     probe_depth=2, probe_rank=2, sizes=[2], finalists=1, repeats=2, batch_sizes=[2, 4],
+                     budget_s=1e-9)
+    report = tune(cfg, log=said.append)
+    assert report["budget"] == {"budget_s": 1e-9, "planned_prompt_runs": 6, "measured_prompt_runs": {"0.0": 1},
+                                "spent": True}
+    assert all(r["prompts"] == 1 for r in report["side_by_side"]["0.0"].values())
+    speed = report["mean_tokens_per_s"]
+    assert report["chosen"] == max(speed, key=speed.get)
+    assert any(m.startswith("plan: ") and "budget 1e-09 s" in m for m in said)
+    assert any(m.startswith("budget of 1e-09 s spent: kept the fastest") for m in said)
+    assert any("batch sizes 2, 4 not measured" in m for m in said)
+    stored = json.loads((hdir / "config.json").read_text())["metadata"]["decode"]
+    assert stored["tree"] == report["tree"] and stored["by_batch"] == {"2": False, "4": False}
+    assert not Speculator.from_pretrained(str(llama_dir), str(hdir)).policy.speculate(4)
 
 
 def test_tune_cli_bad_heads_path_is_one_line_error(capsys, llama_dir):
@@ -164,8 +258,8 @@ def test_tune_keeps_a_tree_per_temperature_and_decoders_use_each(tmp_path, llama
     hdir = Eagle1Drafter.for_target(model).save_pretrained(tmp_path / "eagle1")
     fast = {0.0: "chain-2", 1.0: "chain-1"}
 
-    def fake_runs(spec, shapes, prompts, max_new, temperature, repeats, progress=None):
-        return {n: {"tokens_per_s": 10.0 + (n == fast[temperature]), "tau": 1.0} for n in shapes}
+    def fake_runs(spec, shapes, prompts, max_new, temperature, repeats, progress=None, budget=None):
+        return {n: {"tokens_per_s": 10.0 + (n == fast[temperature]), "tau": 1.0, "prompts": 1} for n in shapes}
 
     monkeypatch.setattr(tune_mod, "run_side_by_side", fake_runs)
     prompts = tmp_path / "p.jsonl"

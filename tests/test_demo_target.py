@@ -1,7 +1,6 @@
 import dataclasses
 import hashlib
 import math
-import time
 from pathlib import Path
 
 import pytest
@@ -92,10 +91,8 @@ def test_build_trains_is_deterministic_and_second_call_is_a_cache_hit(built, tmp
     assert not torch.equal(weights["model.layers.0.mlp.up_proj.weight"], init["model.layers.0.mlp.up_proj.weight"])
 
     stamp = (built / dt.METADATA_FILE).stat().st_mtime_ns
-    monkeypatch.setattr(dt, "_train", _no_training)
-    t0 = time.perf_counter()
+    monkeypatch.setattr(dt, "_build_into", _no_training)  # a cache hit builds nothing: no tokenizer, no training
     assert build_demo_target(TargetBuildConfig(**FAST, cache_dir=str(built.parent.parent)), progress=False) == built
-    assert time.perf_counter() - t0 < 5
     assert (built / dt.METADATA_FILE).stat().st_mtime_ns == stamp
     monkeypatch.undo()
 

@@ -136,11 +136,9 @@ def _measure_at(target: nn.Module, methods: Sequence[HeadwayMethod], prompts: Se
 
 def tree_at_batch(method: HeadwayMethod, size: int, temperature: float) -> str:
     """What the method drafts at a batch of ``size`` rows: a tree (the tuned table's, or the method's),
-    ``plain`` (the table says plain decoding) or ``measured`` (no table: chosen while decoding)."""
+    or ``plain`` (the table says plain decoding, or there is no table and the batch is untuned)."""
     policy = method.speculator.policy
     sampling = temperature > 0
-    if policy.batch_aware and policy.tuned(size, sampling) is None and size > 1:
-        return "measured"
     if not policy.speculate(size, sampling):
         return "plain"
     return method.label(policy.shape_for(1 << 30, sampling, size))
@@ -164,7 +162,7 @@ def render_batched(report: dict[str, Any]) -> Any:
     s = report["settings"]
     title = (f"headway bench --batch-size: {report['prompts']['count']} prompts × {s['max_new_tokens']} new tokens "
              f"× {s['repeats']} repeats")
-    caption = ("drafts = the tree drafted at this batch size (plain: none; measured: chosen while decoding) · "
+    caption = ("drafts = the tree drafted at this batch size (plain: none) · "
                "speedup = median per-repeat ratio to HF generate (left-padded batch) at the same batch size; "
                "vs same kernel: to HF generate with headway's linear kernel (hf-weight-major) · τ = new tokens / "
                "(row, target forward) pairs, prefill included · exact = rows equal to the target's unbatched "

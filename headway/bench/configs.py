@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import ConfigError, opt
+from ..config import ConfigError, check_numbers, opt
 from ..data.plans import PROMPT_FORMATS
 from ..decode.args import VERIFY_LOGITS, DecodeTargetArgs, check_decode_args
 
@@ -55,7 +55,11 @@ class TuneConfig(DecodeTargetArgs):
     batch_sizes: list[int] = opt(default_factory=list, help="also measure, per batch size, the chosen tree against "
                                  "plain decoding with the same kernel (Speculator.generate_batch, the calibration "
                                  "prompts in batches) and store which is faster: generate_batch then speculates only "
-                                 "at batch sizes where it pays (without it the choice is measured while decoding)")
+                                 "at batch sizes where it pays (without it a batch decodes plainly)")
+    budget_s: float | None = opt(300.0, "seconds tune may spend measuring (none: no limit); when spent it stops, "
+                                        "keeps the fastest tree measured so far (every candidate on the same prompts, "
+                                        "at least one per temperature) and says so; batch sizes it had no time for are "
+                                        "stored as plain decoding")
     write: bool = opt(True, "store the chosen tree in the heads' config.json")
     json_out: str | None = opt(None, "write the measurements here as JSON")
 
@@ -66,6 +70,7 @@ class TuneConfig(DecodeTargetArgs):
             raise ConfigError("'temperatures' needs one or more values >= 0")
         for t in self.temperatures:
             check_decode_args(self.max_new_tokens, t)
+        check_numbers(self, "", {"budget_s": "> 0"})
         self.batch_sizes = sorted(set(self.batch_sizes))
         if any(b < 1 for b in self.batch_sizes):
             raise ConfigError(f"'batch_sizes' must be whole numbers >= 1, got {self.batch_sizes}")
@@ -101,7 +106,7 @@ class BenchConfig(DecodeTargetArgs):
                                         "side by side (chains project all rows either way)",
                                    default_factory=lambda: ["auto"], choices=VERIFY_LOGITS)  # type: ignore[assignment]
     batch_policy: list[str] = opt(help="with --batch-size: auto: speculate or decode plainly per batch size (the "
-                                       "heads' tuned table, else measured while decoding: the decoder's default); "
+                                       "heads' tuned table, else plain decoding for a batch: the decoder's default); "
                                        "always: draft at every step; 'auto always' benches both side by side",
                                   default_factory=lambda: ["auto"], choices=("auto", "always"))
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")

@@ -20,8 +20,9 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -113,14 +114,34 @@ def expected_accepted(shape: StaticShape, acc: list[list[float]]) -> float:
     return total
 
 
+@dataclass
+class Budget:
+    """The seconds tune may spend measuring, from when it starts (``seconds`` None: no limit). The
+    clock is an argument so tests can spend it on purpose."""
+
+    seconds: float | None
+    clock: Callable[[], float] = time.monotonic
+    start: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.clock()
+
+    def spent(self) -> bool:
+        return self.seconds is not None and self.clock() - self.start >= self.seconds
+
+
 @torch.inference_mode()
 def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: list[Any], max_new: int,
-                     temperature: float, repeats: int, progress: Progress | None = None) -> dict[str, dict[str, float]]:
-    """Interleaved real generation: per candidate total tokens / total time (median over repeats) and tau."""
+                     temperature: float, repeats: int, progress: Progress | None = None,
+                     budget: Budget | None = None) -> dict[str, dict[str, float]]:
+    """Interleaved real generation: per candidate total tokens / total time (median over repeats),
+    tau, and ``prompts``: the prompt runs measured. A spent ``budget`` stops it between prompts
+    (every candidate has then run the same prompts; the first prompt always runs)."""
     names = list(shapes)
     tps: dict[str, list[float]] = {n: [] for n in names}
     tau: dict[str, list[float]] = {n: [] for n in names}
     saved = spec.tree, spec.sampling_tree
+    runs = 0
     try:
         spec.tree = spec.sampling_tree = shapes[names[0]]
         spec.generate(prompts[0], max_new_tokens=8, temperature=temperature, seed=0)  # warm-up
@@ -128,6 +149,9 @@ def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: li
             tokens = {n: 0 for n in names}
             secs = {n: 0.0 for n in names}
             for i, prompt in enumerate(prompts):
+                if runs and budget is not None and budget.spent():
+                    break
+                runs += 1
                 order = names[(i + r) % len(names):] + names[:(i + r) % len(names)]  # rotate to spread noise
                 for n in order:
                     spec.tree = spec.sampling_tree = shapes[n]  # candidates run at every temperature
@@ -137,11 +161,15 @@ def run_side_by_side(spec: Speculator, shapes: dict[str, TreeShape], prompts: li
                     tau[n].append(out.stats.tau)
                     if progress is not None:
                         progress.advance(1, tokens=out.stats.new_tokens, info=f"T={temperature:g} {n}")
-            for n in names:
-                tps[n].append(tokens[n] / secs[n])
+            if any(secs.values()):  # a repeat the budget cut short counts its measured prompts
+                for n in names:
+                    tps[n].append(tokens[n] / secs[n])
+            if budget is not None and budget.spent():
+                break
     finally:
         spec.tree, spec.sampling_tree = saved
-    return {n: {"tokens_per_s": statistics.median(tps[n]), "tau": statistics.mean(tau[n])} for n in names}
+    return {n: {"tokens_per_s": statistics.median(tps[n]), "tau": statistics.mean(tau[n]), "prompts": runs}
+            for n in names}
 
 
 def presets(spec: Speculator) -> dict[str, TreeShape]:
@@ -212,6 +240,7 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
         calibration = fit_calibration(spec.heads, spec.target, cfg.calibration_data, depth=cfg.probe_depth)
         spec.heads.metadata["calibration"] = {k: v for k, v in calibration.items() if k != "summary"}
     prompts = calibration_prompts(cfg, spec.tokenizer)
+    budget = Budget(cfg.budget_s)
     say(f"measuring acceptance by depth and rank on {len(prompts)} prompts ...")
     acc = measure_acceptance(spec, prompts, cfg.probe_depth, cfg.probe_rank, cfg.max_new_tokens)
     say("measuring the forward-cost curve ...")
@@ -227,12 +256,19 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
     shapes.update(dynamic_budgets(spec, [int(k.split("-")[1]) for k in best], cfg.probe_depth))
     shapes.update(chains(spec, len(acc)))
     shapes.update(forks(spec, min(FORK_DEPTHS, len(acc))))
+    planned = cfg.repeats * len(prompts)  # prompt runs per tree and temperature
+    runs = len(cfg.temperatures) * planned * len(shapes)
+    say(f"plan: {len(shapes)} trees x {len(prompts)} prompts x {cfg.repeats} repeats x {len(cfg.temperatures)} "
+        f"temperatures = {runs} runs" + (f", then {len(cfg.batch_sizes)} batch sizes" if cfg.batch_sizes else "")
+        + ("; no time budget" if cfg.budget_s is None else
+           f"; budget {cfg.budget_s:g} s, {time.monotonic() - budget.start:.0f} s spent"))
     say(f"running {len(shapes)} trees side by side: {', '.join(shapes)}")
     results = {}
-    runs = len(cfg.temperatures) * cfg.repeats * len(prompts) * len(shapes)
     with Progress("tune", runs, unit="runs") as progress:
         for t in cfg.temperatures:
-            results[t] = run_side_by_side(spec, shapes, prompts, cfg.max_new_tokens, t, cfg.repeats, progress)
+            results[t] = run_side_by_side(spec, shapes, prompts, cfg.max_new_tokens, t, cfg.repeats, progress,
+                                          budget)
+    measured = {t: next(iter(r.values()))["prompts"] for t, r in results.items()}
     score = {n: statistics.mean(results[t][n]["tokens_per_s"] for t in cfg.temperatures) for n in shapes}
     greedy, sampled = [t for t in cfg.temperatures if t <= 0], [t for t in cfg.temperatures if t > 0]
 
@@ -250,14 +286,24 @@ def tune(cfg: TuneConfig, log: Any = None) -> dict[str, Any]:
               "best_chain": best_chain, "calibrated": bool(spec.new_proposer().temperatures),
               "device": str(spec.device), "torch_threads": torch.get_num_threads(),
               "linear_kernel": spec.kernels.plan().describe()}
+    report["budget"] = {"budget_s": cfg.budget_s, "planned_prompt_runs": planned,
+                        "measured_prompt_runs": {str(t): k for t, k in measured.items()},
+                        "spent": any(k < planned for k in measured.values())}
+    if report["budget"]["spent"]:
+        say(f"budget of {cfg.budget_s:g} s spent: kept the fastest of {len(shapes)} trees measured on "
+            + ", ".join(f"{k} of {planned} prompt runs at T={t:g}" for t, k in measured.items()))
     if calibration is not None:
         report["calibration"] = calibration
     if cfg.batch_sizes:
         spec.tree, spec.sampling_tree = spec.fit_tree(shapes[winner]), spec.fit_tree(shapes[sampling])
         say(f"speculation against plain decoding at batch sizes {', '.join(map(str, cfg.batch_sizes))} ...")
         report["by_batch_side_by_side"] = measure_batch_cutover(spec, prompts, cfg.batch_sizes, cfg.max_new_tokens,
-                                                                cfg.temperatures, cfg.repeats)
+                                                                cfg.temperatures, cfg.repeats, budget)
         side = report["by_batch_side_by_side"]
+        skipped = [b for b, r in side.items() if any(m.get("skipped") for m in r.values())]
+        if skipped:
+            say(f"budget of {cfg.budget_s:g} s spent: batch sizes {', '.join(map(str, skipped))} not measured, "
+                "stored as plain decoding (the choice that cannot lose to it)")
         greedy_on = {str(b): r["greedy"]["entry"] for b, r in side.items() if "greedy" in r}
         sampled_on = {str(b): r["sampling"]["entry"] for b, r in side.items() if "sampling" in r}
         report["by_batch"] = greedy_on or sampled_on
@@ -303,14 +349,22 @@ def batch_candidates(spec: Speculator, sampling: bool, size: int) -> dict[str, b
     return out
 
 
+def timed_batch(spec: Speculator, rows: list[Any], max_new: int, temperature: float, seed: int) -> tuple[int, float]:
+    """One measured ``generate_batch`` of ``rows`` under the policy's current table: (new tokens, seconds)."""
+    res = spec.generate_batch(rows, max_new_tokens=max_new, temperature=temperature, seed=seed)
+    return res.new_tokens, res.time_total
+
+
 @torch.inference_mode()
 def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int], max_new: int,
-                          temperatures: list[float], repeats: int) -> dict[int, dict[str, Any]]:
+                          temperatures: list[float], repeats: int,
+                          budget: Budget | None = None) -> dict[int, dict[str, Any]]:
     """Per batch size, at T=0 (``greedy``) and above (``sampling``) apart: tokens/s of
     ``generate_batch`` with each candidate (``batch_candidates``: plain decoding on the same kernels
     and cache, the tuned tree, short chains), interleaved, summed over the mode's ``temperatures``.
     ``entry`` is the table entry of the fastest draft candidate where it beats plain decoding by
-    ``SPECULATE_MARGIN``, else plain decoding's; ``speculate`` whether it drafts."""
+    ``SPECULATE_MARGIN``, else plain decoding's; ``speculate`` whether it drafts. A size reached
+    after the ``budget`` is spent is not measured: its entry is plain decoding (``skipped``)."""
     saved = spec.policy.by_batch, spec.policy.by_batch_sampling, spec.policy.batch_aware
     split = (("greedy", [t for t in temperatures if t <= 0]), ("sampling", [t for t in temperatures if t > 0]))
     modes = {name: temps for name, temps in split if temps}
@@ -323,6 +377,10 @@ def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int]
             for size in sizes:
                 rows = [prompts[i % len(prompts)] for i in range(size)]
                 out[size] = {}
+                if budget is not None and budget.spent():
+                    out[size] = {name: {"entry": False, "speculate": False, "tree": None, "skipped": True,
+                                        "candidates": {}} for name in modes}
+                    continue
                 for name, temps in modes.items():
                     cands = batch_candidates(spec, name == "sampling", size)
                     tps: dict[str, list[float]] = {c: [] for c in cands}
@@ -333,9 +391,9 @@ def measure_batch_cutover(spec: Speculator, prompts: list[Any], sizes: list[int]
                             spec.policy.by_batch = {1: entry if isinstance(entry, bool) else spec.fit_tree(entry)}
                             tokens, seconds = 0, 0.0
                             for t in temps:
-                                res = spec.generate_batch(rows, max_new_tokens=max_new, temperature=t, seed=r)
-                                tokens, seconds = tokens + res.new_tokens, seconds + res.time_total
-                                progress.advance(1, tokens=res.new_tokens, info=f"batch {size} T={t:g} {c}")
+                                new_tokens, secs = timed_batch(spec, rows, max_new, t, r)
+                                tokens, seconds = tokens + new_tokens, seconds + secs
+                                progress.advance(1, tokens=new_tokens, info=f"batch {size} T={t:g} {c}")
                             if r:
                                 tps[c].append(tokens / seconds)
                     rates = {c: statistics.median(v) for c, v in tps.items()}
@@ -389,9 +447,10 @@ def tune_cli(cfg: TuneConfig) -> int:
     Console().print(table)
     for size, modes in report.get("by_batch_side_by_side", {}).items():
         for name, r in modes.items():
-            rates = ", ".join(f"{c} {v:.1f}" for c, v in r["candidates"].items())
+            rates = ", ".join(f"{c} {v:.1f}" for c, v in r["candidates"].items()) + " tok/s"
             mode = "T=0" if name == "greedy" else "T>0"
-            print(f"batch {size} ({mode}): {rates} tok/s -> {r['tree'] or 'plain decoding'}")
+            print(f"batch {size} ({mode}): {'not measured (budget spent)' if r.get('skipped') else rates} -> "
+                  f"{r['tree'] or 'plain decoding'}")
     if cfg.write:
         print(f"stored in {Path(cfg.heads) / 'config.json'}: generate will use tree {chosen}")
     return 0

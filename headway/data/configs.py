@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..config import check_numbers, opt
+from ..config import SamplingOptions, check_numbers, opt
 from ..target import LINEAR_KERNELS, TargetArgs
 from .errors import DataError
 from .plans import OVERLONG, PROMPT_FORMATS
@@ -25,7 +25,7 @@ ENGINES = ("hf", "vllm")
 
 
 @dataclass
-class DistillConfig(TargetArgs):
+class DistillConfig(SamplingOptions, TargetArgs):
     source: Any = opt(help="prompts: a .jsonl/.json/.parquet file (prompt | messages | conversations | instruction "
                            "rows), a datasets folder, a Hub dataset (org/name, org/name:config@split), preset:sharegpt "
                            "/ preset:ultrachat, demo:train / demo:heldout, the built-in chat instructions chat:train "
@@ -39,16 +39,13 @@ class DistillConfig(TargetArgs):
                              choices=PROMPT_FORMATS)
     stop_tokens: list[str] = opt(default_factory=list, help="extra tokens that end an answer (e.g. <|im_end|>)")
     split: str = opt("train", "split of a datasets folder / Hub dataset")
-    limit: int | None = opt(None, "use only the first N prompts (demo sources: the number of prompts, default 256)")
+    limit: int | None = opt(None, "use only the first N prompts (demo sources: the number of prompts, default 256, "
+                                  "drawn with --seed)")
     skip: int = opt(0, "leave out the first N prompts (those an earlier run distilled; limit counts after them)")
     prompt_tokens: int = opt(64, "demo sources: prompt length in tokens")
     max_prompt_tokens: int = opt(1024, "prompts longer than this (in tokens) are dropped or truncated")
     overlong: str = opt("drop", "what to do with a too-long prompt", choices=OVERLONG)
     max_new_tokens: int = opt(256, "longest answer (tokens) per assistant turn")
-    temperature: float = opt(0.0, "sampling temperature; 0 = greedy")
-    top_p: float = opt(1.0, "nucleus sampling threshold (1 = off)")
-    top_k: int = opt(0, "top-k sampling (0 = off)")
-    seed: int = opt(0, "seed for sampling and the demo prompts")
     samples_per_prompt: int = opt(1, "answers sampled per prompt (needs temperature > 0): answer s of prompt i is "
                                      "row i * N + s, with the prompt's id and its sample index s (column 'sample'), "
                                      "seeded like every sampled row by the seed and its place (per batch with hf, per "
@@ -97,7 +94,7 @@ class DistillConfig(TargetArgs):
     def sampling(self) -> SamplingSettings:
         from .generation import SamplingSettings  # lazy: torch
 
-        return SamplingSettings(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+        return SamplingSettings(**self.sampling_kwargs(), max_new_tokens=self.max_new_tokens)
 
 
 @dataclass
@@ -127,7 +124,7 @@ class FeaturesConfig(TargetArgs):
 
 
 @dataclass
-class PromptsConfig(TargetArgs):
+class PromptsConfig(SamplingOptions, TargetArgs):
     num: int = opt(2000, "prompts to write, in whole batches (so a few more); a resumed run writes only the rest, "
                          "a larger num extends a finished folder")
     output: str = opt("runs/prompts", "output folder: prompts.jsonl (one {\"id\", \"prompt\"} row per line, what "
@@ -136,17 +133,16 @@ class PromptsConfig(TargetArgs):
     chat_template: str | None = opt(None, "Jinja chat template file, for targets whose tokenizer has none")
     stop_tokens: list[str] = opt(default_factory=list, help="extra tokens that end a user turn (the template's "
                                                             "end-of-turn token and the target's EOS always do)")
-    temperature: float = opt(1.0, "sampling temperature of the user turns (> 0: greedy would write one prompt)")
-    top_p: float = opt(1.0, "nucleus sampling threshold (1 = off)")
-    top_k: int = opt(0, "top-k sampling (0 = off)")
+    temperature: float = opt(1.0, "sampling temperature of the user turns (> 0: greedy would write one prompt)",
+                             kw_only=True)
     max_new_tokens: int = opt(128, "longest user turn (tokens); turns the target has not ended by then are dropped")
     min_chars: int = opt(15, "shorter prompts are dropped")
     max_chars: int = opt(800, "longer prompts are dropped")
     exclude: list[str] = opt(default_factory=list, help="prompt sources (files, datasets, chat:heldout, ...) whose "
                                                         "prompts are never written: keeps benchmark prompts out of "
                                                         "training data")
-    batch_size: int = opt(64, "user turns sampled per batch (the unit of resumption)")
-    seed: int = opt(0, "sampling seed; batch b draws from seed and b, so a resumed run writes the same prompts")
+    batch_size: int = opt(64, "user turns sampled per batch (the unit of resumption; batch b draws from --seed and "
+                              "b, so a resumed run writes the same prompts)")
     linear_kernel: str = opt("auto", "CPU kernel of the batch's few-row linears (as distill's)",
                              choices=LINEAR_KERNELS)
     overwrite: bool = opt(False, "delete the output folder first")
@@ -163,4 +159,4 @@ class PromptsConfig(TargetArgs):
     def sampling(self) -> SamplingSettings:
         from .generation import SamplingSettings  # lazy: torch
 
-        return SamplingSettings(self.temperature, self.top_p, self.top_k, self.max_new_tokens)
+        return SamplingSettings(**self.sampling_kwargs(), max_new_tokens=self.max_new_tokens)

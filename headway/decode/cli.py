@@ -6,21 +6,25 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import opt
+from ..config import SamplingOptions, opt
 from .args import CALIBRATE_HELP, DecodeTargetArgs, check_decode_args
 
 
+@dataclass(kw_only=True)
+class DecodeSampling(SamplingOptions):
+    """The sampling options of generate and chat; their seed is unset unless given."""
+
+    seed: int | None = opt(None, "seed of the sampling draws (unset: torch's default generator "  # type: ignore[assignment]
+                                 "seed)")
+
+
 @dataclass
-class GenerateConfig(DecodeTargetArgs):
+class GenerateConfig(DecodeSampling, DecodeTargetArgs):
     target: str | None = opt(None, "target model (required): a folder, a Hub id, or 'demo' for the demo target",
                              kw_only=True)
     heads: str = opt(help="heads checkpoint: a folder or a Hub id")
     prompt: str = opt("", "the prompt (plain text; chat targets get their chat template with --chat)")
     max_new_tokens: int = opt(128, "tokens to generate at most")
-    temperature: float = opt(0.0, "0 = greedy (exact); > 0 samples (exact in distribution)")
-    top_p: float = opt(1.0, "nucleus sampling mass")
-    top_k: int = opt(0, "top-k sampling (0 = off)")
-    seed: int | None = opt(None, "random seed for sampling")
     tree: str | None = opt(None, "tree shape: chain-N, fork-N, mc_sim_7b_63, static:[[0],[0,0]], "
                                  "dynamic[-K-DEPTH-TOTAL], adaptive[-K-DEPTH-TOTAL] (per step, only the best nodes "
                                  "worth their verify cost; at most 64 deep, 1024 nodes, K <= 64); default: the tuned "
@@ -36,24 +40,22 @@ class GenerateConfig(DecodeTargetArgs):
 
     def __post_init__(self) -> None:  # a bad value fails here, before a model is loaded
         super().__post_init__()
-        check_decode_args(self.max_new_tokens, self.temperature, self.top_p, self.top_k,
-                          (self.posterior_threshold, self.posterior_alpha) if self.typical else None)
+        check_decode_args(self.max_new_tokens, **self.sampling_kwargs(),
+                          typical=(self.posterior_threshold, self.posterior_alpha) if self.typical else None)
         _check_tree(self.tree)
 
 
 @dataclass
-class ChatConfig(DecodeTargetArgs):
+class ChatConfig(DecodeSampling, DecodeTargetArgs):
     target: str | None = opt(None, "target model (required): a folder, a Hub id, or 'demo'", kw_only=True)
     heads: str = opt(help="heads checkpoint: a folder or a Hub id")
     max_new_tokens: int = opt(256, "tokens per reply at most")
-    temperature: float = opt(0.0, "0 = greedy")
-    top_p: float = opt(1.0, "nucleus sampling mass")
     tree: str | None = opt(None, "tree shape (see headway generate --help)")
     calibrate: bool = opt(True, CALIBRATE_HELP)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_decode_args(self.max_new_tokens, self.temperature, self.top_p)
+        check_decode_args(self.max_new_tokens, **self.sampling_kwargs())
         _check_tree(self.tree)
 
 
@@ -109,8 +111,7 @@ def generate_cli(cfg: GenerateConfig) -> int:
         print("warning: typical acceptance is LOSSY: the output does not follow the target's distribution",
               file=sys.stderr)
     spec = _speculator(cfg, cfg.heads, cfg.tree, typical)
-    kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-              stop=cfg.stop, seed=cfg.seed)
+    kw = dict(max_new_tokens=cfg.max_new_tokens, **cfg.sampling_kwargs(), stop=cfg.stop, seed=cfg.seed)
     ids = prompt_token_ids(spec.tokenizer, cfg.prompt, cfg.chat, cfg.target)
     if cfg.stream:
         from .speculator import GenerationStats
@@ -146,8 +147,8 @@ def chat_cli(cfg: ChatConfig) -> int:
             break
         prompt = history + [{"role": "user", "content": line}] if has_template else line
         pieces = []
-        for piece in spec.generate(prompt, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                   top_p=cfg.top_p, stream=True):
+        for piece in spec.generate(prompt, max_new_tokens=cfg.max_new_tokens, **cfg.sampling_kwargs(), seed=cfg.seed,
+                                   stream=True):
             pieces.append(piece)
             sys.stdout.write(piece)
             sys.stdout.flush()

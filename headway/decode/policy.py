@@ -4,11 +4,11 @@ per step for adaptive trees, and, by batch size, whether to speculate at all.
 A tree costs a bigger verify forward; on a 2-core CPU at batch 8 that cost can exceed what the
 accepted drafts save, and speculation then loses to plain decoding. ``TreePolicy.speculate`` decides
 per step from the live batch size: a tuned table (``headway tune --batch-sizes``: the measured
-fastest choice per batch size, stored with the heads) when there is one, else measurement during
-decoding: both modes' tokens per second at this batch size (the first steps try each; then the
-faster is used and the other re-tried now and then, since what is fastest drifts with context
-length). A plain step (``step.plain``) is one forward over each row's last token and drafts
-nothing, so the output is the target's either way."""
+fastest choice per batch size, stored with the heads) when there is one, else ``untuned_speculates``:
+speculate only where the gain over plain decoding is known to be positive (one prompt), decode
+plainly elsewhere, so an untuned decoder is never slower than plain decoding with the same kernel
+at a batch size it knows nothing about. A plain step (``step.plain``) is one forward over each
+row's last token and drafts nothing, so the output is the target's either way."""
 
 from __future__ import annotations
 
@@ -55,28 +55,6 @@ def drafts_per_token(proposer: Proposer) -> bool:
 
 
 @dataclass
-class ModeRate:
-    """Running totals of one mode (speculate or plain) at one batch size."""
-
-    tokens: float = 0.0
-    seconds: float = 0.0
-    steps: int = 0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        decay = 0.9 if self.steps >= 16 else 1.0  # recent steps count more: the context grows
-        self.tokens, self.seconds = self.tokens * decay + tokens, self.seconds * decay + seconds
-        self.steps += 1
-
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-TRY_STEPS = 3  # steps each mode is tried at a new batch size before the faster is kept
-RETRY_EVERY = 24  # then the slower is tried again once per this many steps
-
-
-@dataclass
 class TreePolicy:
     """Tree shapes and the per-step choices. ``tree`` is drafted at T=0, ``sampling_tree`` above;
     ``by_batch`` maps a batch size to ``False`` (plain decoding), ``True`` (speculate with ``tree``)
@@ -94,10 +72,8 @@ class TreePolicy:
     by_batch: dict[int, bool | TreeShape] | None = None
     by_batch_sampling: dict[int, bool | TreeShape] | None = None  # above T=0 (None: ``by_batch`` serves both)
     batch_aware: bool = True  # False: always speculate (A/B)
-    rates: dict[tuple[int, bool, bool], ModeRate] = field(default_factory=dict)  # (batch, sampling, drafted)
     verify_costs_by_threads: dict[int, torch.Tensor] = field(default_factory=dict)
     _shapes: dict[tuple[int, int], TreeShape] = field(default_factory=dict)
-    _steps: dict[tuple[int, bool], int] = field(default_factory=dict)
 
     def tree_for(self, temperature: float) -> TreeShape:
         """The shape drafted at this temperature (``tree`` at 0, ``sampling_tree`` above)."""
@@ -132,27 +108,15 @@ class TreePolicy:
 
     # -- speculate or not, by batch size ------------------------------------------------------
     def speculate(self, batch_size: int, sampling: bool = False) -> bool:
-        """Whether this step drafts. One prompt always does unless a tuned table says otherwise
-        (``headway tune`` chose its trees against the chains, and with ``--batch-sizes 1`` against plain
-        decoding); a batch follows the tuned table, else what was measured (module docstring); greedy
-        and sampling batches apart (a sampled chain is accepted less often than a greedy one)."""
+        """Whether this step drafts: as the tuned table says for this batch size (greedy and sampling
+        batches apart: a sampled chain is accepted less often than a greedy one), else as
+        ``untuned_speculates`` rules."""
         if not self.batch_aware:
             return True
         tuned = self.tuned(batch_size, sampling)
         if tuned is not None:
             return tuned is not False
-        if batch_size == 1:
-            return True
-        key = (batch_size, sampling)
-        on, off = self.rates.get((*key, True)), self.rates.get((*key, False))
-        if on is None or on.steps < TRY_STEPS:
-            return True
-        if off is None or off.steps < TRY_STEPS:
-            return False
-        step = self._steps.get(key, 0)
-        self._steps[key] = step + 1
-        faster = on.rate >= off.rate
-        return (not faster) if step % RETRY_EVERY == RETRY_EVERY - 1 else faster
+        return untuned_speculates(batch_size)
 
     def tuned(self, batch_size: int, sampling: bool) -> bool | TreeShape | None:
         """The tuned table's entry for this batch size, or None: the nearest tuned size by ratio
@@ -167,10 +131,6 @@ class TreePolicy:
         tables = [t for t in (self.by_batch, self.by_batch_sampling) if t]
         return max([self.tree.size, self.sampling_tree.size] +
                    [v.size for t in tables for v in t.values() if not isinstance(v, bool)])
-
-    def record(self, batch_size: int, speculated: bool, tokens: int, seconds: float, sampling: bool = False) -> None:
-        """One step's outcome: ``tokens`` emitted over all rows in ``seconds`` of wall time."""
-        self.rates.setdefault((batch_size, sampling, speculated), ModeRate()).add(tokens, seconds)
 
     # -- adaptive trees: nodes weighed against the verify-cost curve --------------------------
     def adaptive(self) -> bool:
@@ -198,6 +158,19 @@ class TreePolicy:
             rest = step_cost if step_cost is not None else time.perf_counter() - t_draft
             return best_size(gains, costs + rest)
         return size_for
+
+
+def untuned_speculates(batch_size: int) -> bool:
+    """Without a tuned table, speculate only where the expected gain over plain decoding is positive.
+
+    One prompt: the tree was chosen for it (``headway tune`` against every chain, or a kind default
+    whose drafts one row verifies for about the cost of a forward: a memory-bound pass over the
+    weights). A batch: a B-row verify of an N-node tree multiplies B x N rows by every weight matrix,
+    which on a CPU costs more the larger B is, while each row still gains only its accepted drafts;
+    the gain may be negative (SmolLM2 EAGLE-3, 2 threads, T=0: 0.90x plain decoding at batch 16), and
+    nothing the decoder holds says which. So an untuned batch decodes plainly: by construction never
+    slower than plain decoding, and ``headway tune --batch-sizes`` measures where drafting pays."""
+    return batch_size == 1
 
 
 def nearest_size(sizes: Any, batch_size: int) -> int:

@@ -74,8 +74,8 @@ class Speculator:
         output (checked once) and nothing is compiled; ``all`` projects every node. ``by_batch``:
         per batch size, decode plainly (False), speculate with ``tree`` (True) or with the tree
         given there (a shape or its spec, e.g. ``"chain-2"``), as ``headway tune`` measured
-        (``by_batch_sampling``: above T=0, where it differs); without it the choice is measured
-        while decoding (``decode/policy.py``); ``batch_policy="always"`` drafts at every step of every
+        (``by_batch_sampling``: above T=0, where it differs); without it one prompt speculates and a
+        batch decodes plainly (``policy.untuned_speculates``); ``batch_policy="always"`` drafts at every step of every
         batch (A/B, and tests that compare batched steps with unbatched ones)."""
         heads.check_tokenizer(tokenizer)  # ids must mean the tokens the heads were trained on
         self.tokenizer = tokenizer

@@ -386,12 +386,10 @@ def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
         new, finished = commit(batch, scored, verdicts, eos)
         sync(rt.device)
         verify = scored.verify_time + sum(n.seconds for n in scored.node_logits)  # lm_head rows read: the target's
-        tokens = sum(v.nodes.numel() for v in verdicts)
     else:
         new, finished, verify = plain(rt, batch, eos)
-        t_draft, tokens = 0.0, B
+        t_draft = 0.0
     total = time.perf_counter() - t0
-    policy.record(B, scored is not None, tokens, total, sampling)
     if scored is not None:  # the rest of a step, for adaptive trees' sizes: a running mean
         batch.step_cost = total - verify if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * (total - verify)
     times = {"draft": t_draft, "verify": verify, "bookkeeping": total - t_draft - verify, "total": total}
