@@ -1,7 +1,7 @@
 """What the EAGLE-3 training-time-test loss costs around the drafter: its forward and backward on one
 batch the size of the SmolLM2 recipes' (16 rows x 300 tokens, answers on the last ~55%, an 8,192-row
 draft vocabulary, 3 steps), with ``eagle3_ttt_loss`` as of REV and as it is now, interleaved, median
-of 5. Both give the same loss and gradients (``tests/test_eagle_ttt.py``); this is only their time.
+of 5. Both give the same loss and gradients (``tests/test_train_eagle_ttt.py``); this is only their time.
 
     python experiments/ttt_loss_cost.py [THREADS [REV]]   # default: 2, 0707fee (before the per-row softmax)
 """

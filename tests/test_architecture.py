@@ -375,3 +375,18 @@ def test_a_training_config_enters_a_file_at_most_three_times():
 
     over = {str(f.relative_to(PACKAGE)): n for f in PACKAGE.rglob("*.py") if (n := entries(f)) > MAX_CONFIG_ENTRIES}
     assert over == {}
+
+
+# repository-level checks that belong to no room of the package
+REPOSITORY_TESTS = {"architecture", "docs", "recipes", "environment", "tools"}
+
+
+def test_every_test_file_is_named_for_a_room_or_module():
+    """``tests/test_<room or module>[_...].py``: a newcomer finds a room's tests by its name."""
+    package = PACKAGE
+    names = {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    names |= {p.stem for p in package.glob("*.py") if not p.stem.startswith("_")}
+    names |= REPOSITORY_TESTS
+    stray = [p.name for p in sorted((PACKAGE.parent / "tests").glob("test_*.py"))
+             if not any(p.stem == f"test_{n}" or p.stem.startswith(f"test_{n}_") for n in names)]
+    assert not stray, f"test files named for no room or module of headway/: {stray}"

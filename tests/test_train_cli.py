@@ -82,7 +82,7 @@ def test_tensorboard_tracker(workdir, tmp_path):
 @pytest.mark.slow
 # One kind per distinct distributed path (each run costs ~30 s of two accelerate processes): Medusa-2
 # trains the heads with Medusa-1's loss plus LoRA on the target, so its run covers Medusa-1's path
-# (heads on a frozen target, as in test_eagle_train's eagle3 run) and the trainable-target one.
+# (heads on a frozen target, as in test_train_eagle's eagle3 run) and the trainable-target one.
 @pytest.mark.parametrize("kind", ["medusa2"])
 def test_two_processes_match_one_process(workdir, tmp_path, kind):
     accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))

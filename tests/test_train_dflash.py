@@ -17,7 +17,7 @@ from headway.train.blocks import (accepted_at_every_anchor, anchor_candidates, b
 from headway.train.dflash import DFlashTask, least_used_token
 from headway.train.recipe import fit, train
 
-from test_eagle_train import greedy_text  # noqa: F401  (the fixture: text the tiny target writes greedily)
+from test_train_eagle import greedy_text  # noqa: F401  (the fixture: text the tiny target writes greedily)
 from train_utils import distilled_rows, online_and_offline_losses, save_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")

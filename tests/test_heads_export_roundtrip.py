@@ -58,7 +58,7 @@ CASES = [("medusa", "vllm", False), ("medusa", "vllm", True), ("medusa", "trtllm
          ("eagle3", "vllm", True), ("eagle3", "sglang", True), ("eagle3", "trtllm", True),
          ("eagle3", "speculators", True), ("dflash", "vllm", False), ("dflash", "speculators", True),
          ("peagle", "vllm", True), ("peagle", "speculators", True)]
-NO_PROPOSER_YET = {"peagle"}  # #62 phase 2 adds its decoder; tests/test_export_peagle.py compares its drafts
+NO_PROPOSER_YET = {"peagle"}  # #62 phase 2 adds its decoder; tests/test_heads_export_peagle.py compares its drafts
 
 
 def test_the_cases_cover_every_exporter():

@@ -97,7 +97,7 @@ def test_norm_output_trains_feeds_normed_states_back_and_decodes_exactly(setup, 
     """eagle.norm_output (and speculators' other two norms): the flags reach the drafter (a different
     loss from the same seed), survive save/load, the decoder's output equals the target's greedy one,
     and the SGLang export refuses by name before writing anything (the vLLM exports carry them:
-    test_export_roundtrip.py; this 2-layer target's default aux layers cannot be exported at all)."""
+    test_heads_export_roundtrip.py; this 2-layer target's default aux layers cannot be exported at all)."""
     from headway.decode import Speculator
     from headway.heads.export import export_heads
     from headway.heads.export_layouts import ExportError
