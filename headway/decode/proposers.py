@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads, PEagleDrafter
-from ..heads.dflash import ContextKV, extend_context
+from ..heads.dflash import ContextKV, extend_context, survival
 from ..heads.layers import DraftCache
 from ..heads.metadata import calibration_temperatures
 from .padding import (additive, after_prefix, catch_up_visible, first_slots, pad_rows, prefill_mask, used_columns,
@@ -362,7 +362,10 @@ class DFlashProposer:
     step's block is [root, mask, ...] at the root's position and after. Like Medusa's, depth d's
     distribution ignores the parent token, so chains, static and dynamic trees all read the same
     (B, block_size - 1, Vd) block. A drafter with a path correction adds, per tree level, one
-    correction step on each parent's state and token: depth d then depends on the path above it."""
+    correction step on each parent's state and token: depth d then depends on the path above it.
+    DSpark's Markov head adds a bias from each node's parent token (the root's for depth 1), and its
+    confidence head estimates each chain draft's chance of acceptance (``chain_survival``), from which
+    the step chooses how many drafts to verify (``step.draft``)."""
 
     def __init__(self, drafter: DFlashDrafter, temperatures: Sequence[float] | None = None) -> None:
         self.drafter = drafter
@@ -376,7 +379,7 @@ class DFlashProposer:
         self.roots = torch.zeros(0, dtype=torch.long)  # (B,) each row's next block anchor
         self.dense = True  # no pad or gap slot (a batch of one): the block needs no mask
         self.logp: torch.Tensor | None = None  # (B, bs - 1, Vd) (no correction)
-        self.out: torch.Tensor | None = None  # (B, bs - 1, H) slot outputs (correction)
+        self.out: torch.Tensor | None = None  # (B, bs - 1, H) slot outputs (correction, DSpark)
         self.slot_logits: torch.Tensor | None = None  # (B, bs - 1, Vd) slot logits before the correction
         self.state: torch.Tensor | None = None  # (B, rows of the last call, r) correction states
 
@@ -411,11 +414,32 @@ class DFlashProposer:
         mask = None if self.dense else additive(
             after_prefix(self.valid, torch.ones(B, bs, bs, dtype=torch.bool, device=x.device)), d.fc.weight.dtype)
         out = d(x, pos, self.context, mask)[:, 1:]  # (B, bs - 1, H)
+        self.out = out
+        if d.has_markov:
+            return self._markov(self.roots[:, None], 0)[:, 0]
         if not d.has_correction:
             self.logp = F.log_softmax(d.logits(out).float(), dim=-1)
             return self.logp[:, 0]
-        self.out, self.slot_logits = out, d.logits(out)  # (B, bs - 1, H), (B, bs - 1, Vd)
+        self.slot_logits = d.logits(out)  # (B, bs - 1, Vd)
         return self._corrected(None, self.roots[:, None], 0)[:, 0]
+
+    def _markov(self, parents: torch.Tensor, slot: int) -> torch.Tensor:
+        """DSpark: slot ``slot`` (0-based) after parents (B, n) target ids, its logits plus the Markov
+        bias of each parent -> (B, n, Vd)."""
+        B, n = parents.shape
+        h = self.out[:, slot, None].expand(B, n, -1)  # (B, n, H)
+        return F.log_softmax(self.drafter.logits(h, parents=parents).float(), dim=-1)
+
+    def chain_survival(self, tokens: torch.Tensor) -> torch.Tensor:
+        """DSpark's confidence head along each row's chain: tokens (B, D + 1) target ids, the root then
+        the drafts at depths 1..D -> (B, D), the chance that drafts 1..k are all accepted (``survival``)."""
+        D = tokens.shape[1] - 1
+        return survival(self.drafter.confidence(self.out[:, :D], tokens[:, :D]))
+
+    @property
+    def confident(self) -> bool:
+        """The drafter estimates each slot's acceptance (a DSpark confidence head)."""
+        return self.drafter.has_confidence
 
     def _corrected(self, state: torch.Tensor | None, parents: torch.Tensor, slot: int) -> torch.Tensor:
         """Slot ``slot`` (0-based: depth slot + 1) after parents (B, n) target ids with states (B, n, r)
@@ -428,6 +452,8 @@ class DFlashProposer:
         return F.log_softmax((self.slot_logits[:, slot, None] + d.correction.out(self.state)).float(), dim=-1)
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        if self.drafter.has_markov:
+            return self._markov(tokens, depth)
         if self.drafter.has_correction:
             rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
             return self._corrected(self.state[rows, parent_rows], tokens, depth)
