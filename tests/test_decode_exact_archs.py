@@ -27,7 +27,7 @@ from test_decode_sampling import (V, chi_square_pvalue, exact_distribution, head
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
 
-KINDS = ("medusa", "eagle1", "eagle3", "dflash")
+KINDS = ("medusa", "eagle1", "eagle3", "dflash", "peagle", "dspark")
 SHAPES = ("chain-4", "mc_sim_7b_63", "dynamic-4-4-12")
 NEW = 20  # tokens per generation: prompts run from 10 to 120 tokens, all past the window by the end
 
