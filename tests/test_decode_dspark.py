@@ -12,7 +12,7 @@ from headway.decode.sampling import SamplingParams, verify_sample
 from headway.heads.dflash import survival
 from headway.testing import tiny_target, tiny_tokenizer
 
-from test_decode_exact import OracleProposer, make_heads, prompts, reference, tie_free
+from test_decode_exact import OracleProposer, make_heads, tie_free_prompts
 from test_decode_sampling import (N_SAMPLES, assert_follows, chi_square_pvalue, exact_distribution, heads_for,
                                   speculative_samples)
 from test_decode_sampling import target as sampling_target  # noqa: F401  (the 6-token target fixture)
@@ -25,13 +25,7 @@ NEW = 40
 @pytest.fixture(scope="module")
 def llama():
     model, tok = tiny_target("llama")
-    ps, refs = [], []
-    for p in prompts(tok, n=10, seed=5):
-        ref = reference(model, p, NEW)
-        if tie_free(model, p, ref) and len(ps) < 3:
-            ps.append(p)
-            refs.append(ref)
-    return model, tok, ps, refs
+    return (model, tok, *tie_free_prompts(model, tok, 3, NEW, candidates=10, seed=5))
 
 
 def steep_costs(spec, per_node=0.45):

@@ -84,6 +84,19 @@ def tie_free(model, ids, ref, eps=1e-4):
     return bool((top2[:, 0] - top2[:, 1] > eps).all())
 
 
+def tie_free_prompts(model, tok, want, max_new, candidates=12, seed=0):
+    """``want`` prompts whose HF greedy continuations of ``max_new`` tokens are tie-free (``tie_free``),
+    drawn from ``candidates`` prompts of ``prompts``, and those continuations."""
+    ps, refs = [], []
+    for p in prompts(tok, n=candidates, seed=seed):
+        ref = reference(model, p, max_new)
+        if tie_free(model, p, ref) and len(ps) < want:
+            ps.append(p)
+            refs.append(ref)
+    assert len(ps) == want
+    return ps, refs
+
+
 def reference(model, ids, max_new):
     x = torch.tensor([ids])
     out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,

@@ -13,7 +13,7 @@ from headway.decode import Speculator
 from headway.decode.proposers import PEagleProposer, make_proposer
 from headway.testing import ARCHITECTURES, MORE_ARCHITECTURES, tiny_target
 
-from test_decode_exact import OracleProposer, make_heads, prompts, reference, tie_free
+from test_decode_exact import OracleProposer, make_heads, tie_free_prompts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,14 +23,7 @@ NEW = 16
 def greedy_case(arch, n=4):
     """(model, tokenizer, n tie-free prompts, their HF greedy references)."""
     model, tok = tiny_target(arch)
-    ps, refs = [], []
-    for p in prompts(tok, n=12, seed=11):
-        ref = reference(model, p, NEW)
-        if tie_free(model, p, ref) and len(ps) < n:
-            ps.append(p)
-            refs.append(ref)
-    assert len(ps) == n
-    return model, tok, ps, refs
+    return (model, tok, *tie_free_prompts(model, tok, n, NEW, seed=11))
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES + MORE_ARCHITECTURES)
