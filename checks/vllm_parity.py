@@ -527,14 +527,14 @@ def main() -> int:
     (work / "results.json").write_text(json.dumps({"target": str(target_dir), "k": K, "max_new_tokens": N,
                                                     "prompts": len(prompts), "probe_tokens": tokens,
                                                     "rows": rows, "ok": ok}, indent=2))
-    print(f"\n{'heads (@format; none = vllm)':<34}{'ids equal':<11}"
+    print(f"\n{'heads (@format; none = vllm)':<40}{'ids equal':<11}"
           f"{'acceptance per position: headway | vLLM':<56}{'ok'}")
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:<34}{'-':<11}{r['error'][:56]:<56}FAIL")
+            print(f"{r['name']:<40}{'-':<11}{r['error'][:56]:<56}FAIL")
             continue
         acc = f"{r['headway']['per_pos']}/{r['headway']['drafts']} | {r['vllm']['per_pos']}/{r['vllm']['drafts']}"
-        print(f"{r['name']:<34}{str(r['ids_equal']):<11}{acc:<56}"
+        print(f"{r['name']:<40}{str(r['ids_equal']):<11}{acc:<56}"
               f"{'ok' if r['ids_equal'] and r['acceptance_ok'] else 'FAIL'}{' (exact)' if r['exact'] else ''}")
     print(f"results: {work / 'results.json'}")
     return 0 if ok else 1
