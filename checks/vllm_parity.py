@@ -35,8 +35,11 @@ speculators' three norm options (`eagle.norm_before_fc`, `eagle.norm_before_resi
 `eagle.norm_output`), which vLLM computes from the exported config; its negative control writes
 `norm_before_residual` and `norm_output` false (what an exporter that dropped them would write).
 
+P-EAGLE (`peagle`, trained with K = the draft length) runs as vLLM runs it, its EAGLE-3 drafter with
+`parallel_drafting`; its negative control exports the mask token one lower (docs/peagle.md).
+
 Formats (--formats): `vllm` (every kind, the target named in `speculative_config`) and `speculators`
-(EAGLE-3 and DFlash; vLLM 0.32.0 has no EAGLE-1 or Medusa speculators type). A speculators export is started
+(EAGLE-3, DFlash and P-EAGLE; vLLM 0.32.0 has no EAGLE-1 or Medusa speculators type). A speculators export is started
 as `LLM(model=EXPORT)`: vLLM finds the verifier (the target) in its config by itself. Each format gets
 the same checks and its own negative control.
 Exit status 0 when every check passes, 1 otherwise; results in WORK/results.json.
@@ -179,7 +182,10 @@ def train_heads(target_dir: Path, work: Path, kinds: list[str], steps: int, K: i
                            # slots attend to each other, so the drafter is trained with exactly that block
                            + ([f"dflash.block_size={K + 1}", f"dflash.draft_vocab_size={min(512, vocab)}",
                                "dflash.anchors=16", f"dflash.aux_layers={dflash_layers_of(target_dir)}"]
-                              if kind == "dflash" else []),
+                              if kind == "dflash" else [])
+                           # P-EAGLE: trained to draft exactly the K tokens the engine asks for per step
+                           + ([f"peagle.num_depths={K}", f"peagle.draft_vocab_size={min(512, vocab)}"]
+                              if kind == "peagle" else []),
                            check=True, env=env)
             final = [c.parent for c in sorted((out / "final").glob("**/config.json"))]
         found += final[:1]
@@ -352,12 +358,17 @@ def engine_run(fmt: str, kind: str, folder: Path, K: int) -> tuple[dict, Path | 
     """(speculative_config, model to load instead of the target) for an export of `fmt`."""
     if fmt == "speculators":  # vLLM reads method and verifier from the export's config
         return {"num_speculative_tokens": K}, folder
+    if kind == "peagle":  # vLLM runs P-EAGLE as its EAGLE-3 drafter with parallel drafting
+        return {"method": "eagle3", "model": str(folder), "num_speculative_tokens": K, "parallel_drafting": True}, None
     method = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3", "dflash": "dflash"}[kind]
     return {"method": method, "model": str(folder), "num_speculative_tokens": K}, None
 
 
 def supports(fmt: str, kind: str) -> bool:
-    return fmt == "vllm" or kind in ("eagle3", "dflash")
+    return fmt == "vllm" or kind in ("eagle3", "dflash", "peagle")
+
+
+TRAINED_ONLY = ("dflash", NORMS_KIND, "peagle")  # kinds without a probe drafter here
 
 
 def negative_control(python: Path, work: Path, target_dir: Path, target, tok, cases: list, prompts: list,
@@ -374,11 +385,31 @@ def negative_control(python: Path, work: Path, target_dir: Path, target, tok, ca
     name = f"negative-control-{kind}" + ("" if fmt == "vllm" else f"@{fmt}")
     folder = export_heads(heads, fmt, work / name)
     cfg = json.loads((folder / "config.json").read_text())
+    note = miswrite(kind, fmt, cfg)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    spec, model = engine_run(fmt, heads.kind, folder, K)
+    hw = run_headway(target, tok, heads, prompts, K, N)
+    row = compare(name, hw, run_vllm(python, work, name, target_dir, spec, prompts, N, args.timeout, model),
+                  {"ids": hw["ids"]}, K, False, args.tolerance)
+    row["acceptance_ok"] = not row["acceptance_ok"]  # a mismatch is the expected outcome
+    row["note"] = f"{note}: acceptance must differ"
+    return row
+
+
+def miswrite(kind: str, fmt: str, cfg: dict) -> str:
+    """Make an exported config wrong in the way the negative control of `kind` needs (in place):
+    aux ids one too low (EAGLE-3, DFlash), speculators' norms dropped (NORMS_KIND), the mask token
+    one lower (P-EAGLE: the mask slots read another embedding). Returns what was changed."""
     if kind == NORMS_KIND:  # input_norm stays: vLLM loads it only when norm_before_fc says so
         right = {k: cfg[k] for k in ("norm_before_residual", "norm_output")}
         wrong = {k: False for k in right}
         cfg |= wrong
-    elif kind == "dflash" and fmt == "vllm":  # the reference layout numbers layers by decoder-layer output
+        return f"norm options {wrong} instead of {right}"
+    if kind == "peagle":  # top level in both layouts; vLLM reads it first (then pard_token, ptd_token_id)
+        right = cfg["mask_token_id"]
+        cfg["mask_token_id"] = right - 1 if right > 0 else right + 1
+        return f"mask_token_id {cfg['mask_token_id']} instead of {right}"
+    if kind == "dflash" and fmt == "vllm":  # the reference layout numbers layers by decoder-layer output
         right = cfg["dflash_config"]["target_layer_ids"]
         wrong = cfg["dflash_config"]["target_layer_ids"] = [i - 1 for i in right]
     else:
@@ -387,15 +418,7 @@ def negative_control(python: Path, work: Path, target_dir: Path, target, tok, ca
         wrong = cfg[key] = [i - 1 for i in right]
         if "eagle_config" in cfg:
             cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = wrong
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
-    spec, model = engine_run(fmt, heads.kind, folder, K)
-    hw = run_headway(target, tok, heads, prompts, K, N)
-    row = compare(name, hw, run_vllm(python, work, name, target_dir, spec, prompts, N, args.timeout, model),
-                  {"ids": hw["ids"]}, K, False, args.tolerance)
-    row["acceptance_ok"] = not row["acceptance_ok"]  # a mismatch is the expected outcome
-    what = "aux ids" if kind != NORMS_KIND else "norm options"
-    row["note"] = f"{what} {wrong} instead of {right}: acceptance must differ"
-    return row
+    return f"aux ids {wrong} instead of {right}"
 
 
 def main() -> int:
@@ -403,15 +426,15 @@ def main() -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--target", help="target folder / Hub id / 'demo' (default: cached demo, else tiny preset)")
     ap.add_argument("--heads", nargs="*", default=[], help="trained native heads checkpoints for this target")
-    ap.add_argument("--kinds", nargs="*", default=["medusa", "eagle1", "eagle3", NORMS_KIND, "dflash"],
-                    help=f"kinds to check (probe drafters for all but dflash and {NORMS_KIND}, EAGLE-3 trained "
-                         "with speculators' three norm options; trained heads for every one)")
+    ap.add_argument("--kinds", nargs="*", default=["medusa", "eagle1", "eagle3", NORMS_KIND, "dflash", "peagle"],
+                    help=f"kinds to check (probe drafters for all but {', '.join(TRAINED_ONLY)}; {NORMS_KIND}: "
+                         "EAGLE-3 trained with speculators' three norm options; trained heads for every one)")
     ap.add_argument("--no-probes", action="store_true", help="only the trained heads")
     ap.add_argument("--formats", nargs="*", default=["vllm", "speculators"], choices=["vllm", "speculators"],
-                    help="export formats to run (speculators: EAGLE-3 and DFlash heads only)")
+                    help="export formats to run (speculators: EAGLE-3, DFlash and P-EAGLE heads only)")
     ap.add_argument("--no-negative-control", dest="negative_control", action="store_false",
-                    help="skip the run that exports trained EAGLE-3 heads with aux ids off by one (which the "
-                         "acceptance check must catch)")
+                    help="skip the runs that export trained heads wrongly (EAGLE-3 / DFlash aux ids off by one, "
+                         "P-EAGLE's mask token one lower), which the acceptance check must catch")
     ap.add_argument("--venv", default=DEFAULT_VENV)
     ap.add_argument("--work", default=DEFAULT_WORK)
     ap.add_argument("--num-prompts", type=int, default=8)
@@ -454,7 +477,7 @@ def main() -> int:
     greedy = [p + ids for p, ids in zip(prompts, base["ids"])]
     tokens = probe_tokens(greedy, K)
     cases = [] if args.no_probes else [(f"probe-{kind}", probe_heads(target, kind, tokens, K), True)
-                                       for kind in args.kinds if kind not in ("dflash", NORMS_KIND)]  # trained only
+                                       for kind in args.kinds if kind not in TRAINED_ONLY]
     trained = find_trained_heads(target_dir, args.heads)
     if not trained and args.train_steps:
         trained = train_heads(target_dir, work, args.kinds, args.train_steps, K,
@@ -495,7 +518,7 @@ def main() -> int:
         print(json.dumps(row), flush=True)
 
     if args.negative_control:
-        for kind in [k for k in ("eagle3", NORMS_KIND, "dflash") if k in args.kinds]:
+        for kind in [k for k in ("eagle3", NORMS_KIND, "dflash", "peagle") if k in args.kinds]:
             for fmt in args.formats:
                 control = negative_control(python, work, target_dir, target, tok, cases, prompts, K, N, args, fmt,
                                            kind)
@@ -504,14 +527,14 @@ def main() -> int:
     (work / "results.json").write_text(json.dumps({"target": str(target_dir), "k": K, "max_new_tokens": N,
                                                     "prompts": len(prompts), "probe_tokens": tokens,
                                                     "rows": rows, "ok": ok}, indent=2))
-    print(f"\n{'heads (@format; none = vllm)':<34}{'ids equal':<11}"
+    print(f"\n{'heads (@format; none = vllm)':<40}{'ids equal':<11}"
           f"{'acceptance per position: headway | vLLM':<56}{'ok'}")
     for r in rows:
         if "error" in r:
-            print(f"{r['name']:<34}{'-':<11}{r['error'][:56]:<56}FAIL")
+            print(f"{r['name']:<40}{'-':<11}{r['error'][:56]:<56}FAIL")
             continue
         acc = f"{r['headway']['per_pos']}/{r['headway']['drafts']} | {r['vllm']['per_pos']}/{r['vllm']['drafts']}"
-        print(f"{r['name']:<34}{str(r['ids_equal']):<11}{acc:<56}"
+        print(f"{r['name']:<40}{str(r['ids_equal']):<11}{acc:<56}"
               f"{'ok' if r['ids_equal'] and r['acceptance_ok'] else 'FAIL'}{' (exact)' if r['exact'] else ''}")
     print(f"results: {work / 'results.json'}")
     return 0 if ok else 1

@@ -57,6 +57,9 @@ def test_chain_length_and_speculative_config(tmp_path):
                                                             "num_speculative_tokens": 4}
     assert {EV.speculative_config(k, tmp_path, 2)["method"] for k in ("medusa", "eagle3", "dflash")} == \
         {"medusa", "eagle3", "dflash"}
+    assert EV.chain_length(None, "peagle", None, 5) == 5 and EV.chain_length(2, "peagle", None, 5) == 2  # K at most
+    assert EV.speculative_config("peagle", tmp_path, 4) == {"method": "eagle3", "model": str(tmp_path),
+                                                            "num_speculative_tokens": 4, "parallel_drafting": True}
 
 
 def test_a_category_s_requests_are_greedy_ask_for_the_counters_and_group_by_budget():
@@ -218,6 +221,21 @@ def test_both_engines_per_category_through_the_worker(folders, tmp_path):
     for r in rows:
         assert r["ok"], r["problems"]
         assert r["headway"] == r["vllm"] and r["headway"]["drafts"] > 0 and r["k"] == 3
+
+
+def test_peagle_heads_run_as_vllm_runs_them_with_their_k(folders, tmp_path):
+    """P-EAGLE through the worker: exported in vLLM's layout, served as EAGLE-3 with parallel drafting
+    (the stand-in imports the export and decodes it with headway), a chain of the drafter's K by default."""
+    from headway.heads import PEagleDrafter
+    from headway.target import load_target
+
+    model, _ = load_target(str(folders / "target"))
+    torch.manual_seed(0)
+    heads = PEagleDrafter.for_target(model, draft_vocab_size=200, aux_layers=[1, 2, 3], num_depths=4)
+    path = heads.save_pretrained(tmp_path / "peagle")
+    rows = evaluate(config(folders, fake_python(tmp_path), heads=[str(path)]))["comparisons"]
+    assert [r["heads_name"] for r in rows] == ["peagle[chain-4]"] * 3
+    assert all(r["ok"] and r["k"] == 4 and r["kind"] == "peagle" and r["headway"] == r["vllm"] for r in rows)
 
 
 def test_a_category_the_engines_disagree_on_fails_the_command_and_is_named(folders, tmp_path, capsys):

@@ -17,7 +17,8 @@ from headway.testing import tiny_target
 from test_decode_exact import OracleProposer, make_heads, prompts, reference, tie_free
 
 CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "dflash") for shape in ("chain-4", "dynamic-4-4-12")] + \
-    [("medusa", "mc_sim_7b_63"), ("dflash-vocab", "mc_sim_7b_63"), ("dflash-correction", "dynamic-4-4-12")]
+    [("medusa", "mc_sim_7b_63"), ("dflash-vocab", "mc_sim_7b_63"), ("dflash-correction", "dynamic-4-4-12"),
+     ("peagle", "chain-4"), ("peagle", "mc_sim_7b_63"), ("dspark", "dynamic-4-4-12")]
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +203,9 @@ def twin_checked(spec, refs, ps, vocab, made):
 
 
 TWIN_CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "dflash")
-              for shape in ("chain-4", "dynamic-4-4-12")] + [("eagle1", "mc_sim_7b_63"), ("dflash-vocab", "mc_sim_7b_63")]
+              for shape in ("chain-4", "dynamic-4-4-12")] + [("eagle1", "mc_sim_7b_63"), ("dflash-vocab", "mc_sim_7b_63"),
+                                                             ("peagle", "chain-4"), ("peagle", "dynamic-4-4-12"),
+                                                             ("dspark", "chain-4"), ("dspark", "mc_sim_7b_63")]
 
 
 @pytest.mark.parametrize("kind,shape", TWIN_CASES)

@@ -93,3 +93,22 @@ def test_generate_cli_passes_the_calibration_switch(capsys, llama_dir, heads_dir
                "--max-new-tokens", "4", *flag])
     assert rc == 0 and seen == [expected]
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("kind", ["peagle", "dspark"])
+def test_generate_cli_drafts_with_peagle_and_dspark_heads(capsys, llama_dir, tmp_path, kind):
+    from headway.heads import DFlashDrafter, PEagleDrafter, load_heads
+
+    model, tok = load_target(str(llama_dir))
+    torch.manual_seed(0)
+    heads = PEagleDrafter.for_target(model, draft_vocab_size=128, num_depths=3) if kind == "peagle" else \
+        DFlashDrafter.for_target(model, mask_token_id=3, block_size=4, markov_rank=4, confidence_head=True)
+    folder = heads.save_pretrained(tmp_path / kind)
+    assert type(load_heads(str(folder), target=model)) is type(heads)
+    prompt = "def foo(x):\n    return"
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)[0, ids.shape[1]:]
+    assert main(["generate", "--target", str(llama_dir), "--heads", str(folder), "--prompt", prompt,
+                 "--max-new-tokens", "10"]) == 0
+    out = capsys.readouterr()
+    assert out.out.rstrip("\n") == tok.decode(ref) and type(heads).__name__ in out.err

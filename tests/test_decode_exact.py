@@ -1,12 +1,12 @@
 """Greedy speculative output must equal the target's own greedy output, token for token.
 
 What the matrix covers (``test_random_heads_match_greedy_generate``): on llama, every head kind
-(``KINDS``: Medusa, EAGLE-1, EAGLE-3, DFlash, and the reduced-vocabulary variants) with every tree
-shape (``SHAPES``: a chain, a static Medusa tree, a dynamic tree). Every other architecture in
-``ARCHITECTURES`` runs two kinds with every shape, at least one of them drafting from the target's
-hidden features at several layers (EAGLE-3 or DFlash), and every kind runs on at least one
-architecture besides llama (``ARCH_KINDS``), rather than the full product (42 cases, ~8 minutes of
-CI). Oracle drafts add long generations with real acceptance on three architectures; sampled
+(``KINDS``: Medusa, EAGLE-1, EAGLE-3, DFlash, P-EAGLE, DSpark, and the reduced-vocabulary variants)
+with every tree shape (``SHAPES``: a chain, a static Medusa tree, a dynamic tree). Every other
+architecture in ``ARCHITECTURES`` runs two or three kinds with every shape, at least one of them
+drafting from the target's hidden features at several layers (EAGLE-3 or DFlash), and every kind
+runs on at least one architecture besides llama (``ARCH_KINDS``), rather than the full product (~8
+minutes of CI; P-EAGLE and DSpark on every architecture: tests/test_decode_peagle.py). Oracle drafts add long generations with real acceptance on three architectures; sampled
 exactness is tests/test_decode_sampling.py's (every kind) and tests/test_decode_exact_archs.py's.
 """
 
@@ -17,12 +17,13 @@ from headway.decode import Speculator
 from headway.decode import layouts
 from headway.decode.args import DecodeError
 from headway.decode.proposers import make_proposer
-from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads, PEagleDrafter
 from headway.testing import ARCHITECTURES, sample_texts, tiny_target
 
 SHAPES = ["chain-4", "mc_sim_7b_63", "dynamic-4-4-12"]
 KINDS = ["medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab",
-         "dflash-correction"]  # -vocab: a reduced draft vocabulary; -correction: DFlash with a path correction
+         "dflash-correction", "peagle", "dspark"]  # -vocab: a reduced draft vocabulary; -correction: DFlash with a
+# path correction; peagle: P-EAGLE (K drafts in one call); dspark: DFlash with DSpark's Markov and confidence heads
 
 
 def draft_vocab(model, n=200, seed=5):
@@ -50,6 +51,15 @@ def make_heads(kind, model, seed=1, vocab=None):
             with torch.no_grad():  # the correction starts at zero; random so drafts depend on the path
                 heads.correction.out.weight.normal_(0, 1.0)
         return heads
+    if kind == "peagle":  # 2 layers, K = 4 drafts per call
+        return PEagleDrafter.for_target(model, draft_vocab_size=200, num_depths=4, num_layers=2, mask_token_id=3)
+    if kind == "dspark":  # DFlash's block of 5 with DSpark's Markov and confidence heads
+        heads = DFlashDrafter.for_target(model, mask_token_id=3, block_size=5, num_layers=2, markov_rank=8,
+                                         confidence_head=True)
+        with torch.no_grad():  # the Markov head starts at zero; random so drafts depend on the parent
+            heads.markov_head.markov_w2.weight.normal_(0, 1.0)
+            heads.confidence_head.proj.weight.normal_(0, 1.0)  # confidences far apart: verify lengths vary
+        return heads
     return Eagle3Drafter.for_target(model, draft_vocab_size=200)
 
 
@@ -72,6 +82,19 @@ def tie_free(model, ids, ref, eps=1e-4):
     logits = model(torch.tensor([ids + ref])).logits[0, len(ids) - 1:-1]  # (len(ref), V)
     top2 = logits.topk(2, dim=-1).values
     return bool((top2[:, 0] - top2[:, 1] > eps).all())
+
+
+def tie_free_prompts(model, tok, want, max_new, candidates=12, seed=0):
+    """``want`` prompts whose HF greedy continuations of ``max_new`` tokens are tie-free (``tie_free``),
+    drawn from ``candidates`` prompts of ``prompts``, and those continuations."""
+    ps, refs = [], []
+    for p in prompts(tok, n=candidates, seed=seed):
+        ref = reference(model, p, max_new)
+        if tie_free(model, p, ref) and len(ps) < want:
+            ps.append(p)
+            refs.append(ref)
+    assert len(ps) == want
+    return ps, refs
 
 
 def reference(model, ids, max_new):
@@ -154,9 +177,9 @@ def greedy_cases(models):
 # Besides llama (every kind), each architecture runs two kinds: at least one drafting from hidden
 # features of several layers (EAGLE-3 / DFlash, the kinds whose feature taps depend on the model's
 # layout), and together they run every kind once more off llama.
-ARCH_KINDS = {"qwen2": ("eagle3", "medusa-vocab"), "qwen3": ("dflash-vocab", "eagle1"),
+ARCH_KINDS = {"qwen2": ("eagle3", "medusa-vocab"), "qwen3": ("dflash-vocab", "eagle1", "dspark"),
               "mistral": ("dflash", "eagle1-vocab"), "phi3": ("eagle3", "medusa"),
-              "gpt_neox": ("eagle3", "dflash-correction")}
+              "gpt_neox": ("eagle3", "dflash-correction", "peagle")}
 MATRIX = [("llama", kind) for kind in KINDS] + [(arch, kind) for arch, kinds in ARCH_KINDS.items() for kind in kinds]
 assert {a for a, _ in MATRIX} == set(ARCHITECTURES) and {k for a, k in MATRIX if a != "llama"} == set(KINDS)
 

@@ -21,13 +21,13 @@ from headway.decode.proposers import make_proposer
 from headway.decode.sampling import SamplingParams, verify_sample
 from headway.testing import MORE_ARCHITECTURES, tiny_config, tiny_target, tiny_tokenizer
 
-from test_decode_exact import OracleProposer, make_heads, prompts, reference, tie_free
+from test_decode_exact import OracleProposer, make_heads, reference, tie_free_prompts
 from test_decode_sampling import (V, chi_square_pvalue, exact_distribution, heads_for, seed_of,
                                   speculative_samples, total_variation, tv_bound)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
 
-KINDS = ("medusa", "eagle1", "eagle3", "dflash")
+KINDS = ("medusa", "eagle1", "eagle3", "dflash", "peagle", "dspark")
 SHAPES = ("chain-4", "mc_sim_7b_63", "dynamic-4-4-12")
 NEW = 20  # tokens per generation: prompts run from 10 to 120 tokens, all past the window by the end
 
@@ -38,14 +38,7 @@ def cases():
     out = {}
     for arch in MORE_ARCHITECTURES:
         model, tok = tiny_target(arch)
-        ps, refs = [], []
-        for p in prompts(tok, n=6, seed=3):
-            ref = reference(model, p, NEW)
-            if tie_free(model, p, ref) and len(ps) < 2:
-                ps.append(p)
-                refs.append(ref)
-        assert len(ps) == 2
-        out[arch] = model, tok, ps, refs
+        out[arch] = (model, tok, *tie_free_prompts(model, tok, 2, NEW, candidates=6, seed=3))
     return out
 
 

@@ -109,7 +109,7 @@ def test_one_prompt_decodes_plainly_when_the_table_says_so(llama, batch, static)
     assert res.stats.target_forwards == 7 and sum(res.stats.accepted_per_depth) == 0  # T>0: its own table
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "peagle"])
 def test_drafter_catching_up_in_chunks_drafts_as_one_call(llama, batch, kind, monkeypatch):  # noqa: F811
     """Plain steps are told to the proposer every FLUSH_EVERY steps (bounded memory on long plain
     runs): the drafts after the switch equal those of one catch-up call, and the output stays exact."""

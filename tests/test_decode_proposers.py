@@ -7,11 +7,11 @@ import typing
 
 import pytest
 
-from headway.decode.proposers import (DFlashProposer, EagleProposer, MedusaProposer, Proposer, RowsProposer,
-                                      make_proposer)
+from headway.decode.proposers import (DFlashProposer, EagleProposer, MedusaProposer, PEagleProposer, Proposer,
+                                      RowsProposer, make_proposer)
 from headway.decode.speculator import Speculator
 from headway.decode.step import Batch
-from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads, PEagleDrafter
 
 METHODS = ("prefill", "accept", "root_logprobs", "expand", "to_target_ids", "end_tree", "select", "fork")
 ATTRIBUTES = ("max_depth", "draft_vocab_size", "feature_layers", "temperatures")
@@ -25,7 +25,7 @@ def test_the_protocol_is_the_whole_contract():
     assert _members(Proposer) == {*METHODS, *ATTRIBUTES}
 
 
-@pytest.mark.parametrize("cls", [MedusaProposer, EagleProposer, DFlashProposer, RowsProposer])
+@pytest.mark.parametrize("cls", [MedusaProposer, EagleProposer, PEagleProposer, DFlashProposer, RowsProposer])
 def test_each_proposer_has_the_protocol_signatures(cls):
     for name in METHODS:
         want, got = inspect.signature(getattr(Proposer, name)), inspect.signature(getattr(cls, name))
@@ -39,8 +39,11 @@ def test_each_proposer_has_the_protocol_signatures(cls):
 @pytest.mark.parametrize("make", [lambda m: MedusaHeads.for_target(m, num_heads=3),
                                   lambda m: Eagle1Drafter.for_target(m),
                                   lambda m: Eagle3Drafter.for_target(m, draft_vocab_size=100),
-                                  lambda m: DFlashDrafter.for_target(m, mask_token_id=3, block_size=4, num_layers=1)],
-                         ids=["medusa", "eagle1", "eagle3", "dflash"])
+                                  lambda m: DFlashDrafter.for_target(m, mask_token_id=3, block_size=4, num_layers=1),
+                                  lambda m: PEagleDrafter.for_target(m, draft_vocab_size=100, num_depths=3),
+                                  lambda m: DFlashDrafter.for_target(m, mask_token_id=3, block_size=4, num_layers=1,
+                                                                     markov_rank=4, confidence_head=True)],
+                         ids=["medusa", "eagle1", "eagle3", "dflash", "peagle", "dspark"])
 def test_made_proposers_and_their_forks_satisfy_it(tiny_llama, make):
     model, _ = tiny_llama
     proposer = make_proposer(make(model), max_depth=4)

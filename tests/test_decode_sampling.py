@@ -26,7 +26,7 @@ from headway.decode.node_logits import NodeProbs
 from headway.decode.sampling import (SamplingParams, processed_probs, sample_from, verify_sample,
                                      verify_sampled_chain)
 from headway.decode.tree import TreeBuffers
-from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads
+from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads, PEagleDrafter
 from headway.testing import tiny_tokenizer
 
 FULL = os.environ.get("HEADWAY_FULL_SAMPLING") == "1"
@@ -69,8 +69,18 @@ def heads_for(kind, model):
             with torch.no_grad():  # random, so each depth's draft depends on the path above it
                 h.correction.out.weight.normal_(0, 1.0)
         return h
-    h = Eagle3Drafter.for_target(model, draft_vocab_size=4)
-    h.set_draft_vocab(torch.tensor([1, 2, 3, 5]))
+    if kind == "dspark":  # random Markov and confidence heads: drafts depend on the parent token
+        h = DFlashDrafter.for_target(model, mask_token_id=4, block_size=4, num_layers=1, markov_rank=4,
+                                     confidence_head=True)
+        with torch.no_grad():
+            h.markov_head.markov_w2.weight.normal_(0, 1.0)
+            h.confidence_head.proj.weight.normal_(0, 1.0)
+        return h
+    if kind == "peagle":
+        h = PEagleDrafter.for_target(model, draft_vocab_size=4, num_depths=3, num_layers=2, mask_token_id=4)
+    else:
+        h = Eagle3Drafter.for_target(model, draft_vocab_size=4)
+    h.set_draft_vocab(DRAFT_VOCAB)
     return h
 
 
@@ -177,9 +187,10 @@ def seed_of(*parts) -> int:
     return zlib.crc32("/".join(parts).encode()) % 1000
 
 
-KINDS = ("medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab", "dflash-correction")
+KINDS = ("medusa", "eagle1", "eagle3", "dflash", "medusa-vocab", "eagle1-vocab", "dflash-vocab", "dflash-correction",
+         "peagle", "dspark")
 # Every kind with the dynamic tree (the most branching), every shape with one Medusa and one EAGLE
-# kind: 11 cases keep CI's suite short; HEADWAY_FULL_SAMPLING=1 runs all 21 (and all 7 sampled chains).
+# kind: 13 cases keep CI's suite short; HEADWAY_FULL_SAMPLING=1 runs all 30 (and all 10 sampled chains).
 CASES = [(kind, shape) for kind in KINDS for shape in ("chain-3", "mc_sim_7b_63", "dynamic-3-3-8")
          if FULL or shape == "dynamic-3-3-8" or kind in ("medusa", "eagle3")]
 
@@ -343,23 +354,24 @@ def sampled_chain_samples(spec, params, n, seed, verifier=verify_sampled_chain):
 def smoothed_heads(kind, model):
     """Heads whose draft distribution overlaps the target's, so drafts are often accepted."""
     h = heads_for(kind, model)
-    if kind == "eagle3":
+    if kind in ("eagle3", "peagle"):
         with torch.no_grad():
             h.lm_head.weight.mul_(0.1)
-    if kind.startswith("dflash"):
+    if kind.startswith("dflash") or kind == "dspark":
         with torch.no_grad():
             h.norm.weight.mul_(0.1)
     return h
 
 
-@pytest.mark.parametrize("kind", KINDS if FULL else ("eagle3", "medusa-vocab", "dflash", "dflash-correction"))
+@pytest.mark.parametrize("kind", KINDS if FULL else ("eagle3", "medusa-vocab", "dflash", "dflash-correction", "peagle",
+                                                     "dspark"))
 def test_sampled_chain_drafts_match_target(target, kind):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree="chain-3")
     probs = exact_distribution(target, params)
     n = N_CHAIN  # every sample drafts anew, so fewer than the memoised tests above
     seed = {"medusa": 12, "eagle1": 13, "eagle3": 14, "medusa-vocab": 15, "eagle1-vocab": 16, "dflash": 17,
-            "dflash-vocab": 18, "dflash-correction": 19}[kind]
+            "dflash-vocab": 18, "dflash-correction": 19, "peagle": 22, "dspark": 23}[kind]
     assert_follows(sampled_chain_samples(spec, params, n, seed=seed), probs, n)
 
 
@@ -466,7 +478,8 @@ def fork_samples(spec, params, n, seed, renormalise=True):
 
 
 @pytest.mark.parametrize("kind,shape", [("eagle3", "fork-2"), ("medusa-vocab", "fork-2"),
-                                        ("dflash-correction", "fork-2"), ("eagle1", "static:[[0],[1],[0,0],[0,1]]")])
+                                        ("dflash-correction", "fork-2"), ("eagle1", "static:[[0],[1],[0,0],[0,1]]"),
+                                        ("dspark", "fork-2")])
 def test_drawn_children_match_target(target, kind, shape):
     params = SamplingParams(temperature=1.0)
     spec = Speculator(target, tiny_tokenizer(), smoothed_heads(kind, target), tree=shape)

@@ -68,6 +68,31 @@ def test_tune_stores_the_fastest_tree_and_generate_uses_it(tmp_path, llama_dir, 
         assert shape_spec(spec.tree_for(1.0)) == shape_spec(spec.fit_tree(report["sampling_tree"]))
 
 
+def test_tune_picks_a_tree_for_peagle_heads_and_generate_uses_it(tmp_path, llama_dir):
+    """P-EAGLE drafts every depth in one call: tune probes its per-depth ranks, measures its chains and
+    trees, and stores the winner, no deeper than K."""
+    from headway.heads import PEagleDrafter
+    from headway.target import load_target
+
+    model, tok = load_target(str(llama_dir))
+    torch.manual_seed(0)
+    hdir = PEagleDrafter.for_target(model, draft_vocab_size=128, num_depths=3).save_pretrained(tmp_path / "peagle")
+    prompts = tmp_path / "p.jsonl"
+    text = sample_texts(20_000)[0]
+    prompts.write_text("".join(json.dumps({"prompt": text[i * 300:i * 300 + 200]}) + "\n" for i in range(2)))
+    cfg = TuneConfig(target=str(llama_dir), heads=str(hdir), prompts=str(prompts), num_prompts=2, max_new_tokens=10,
+                     probe_depth=3, probe_rank=2, sizes=[2, 4], finalists=1, repeats=1, temperatures=[0.0],
+                     json_out=str(tmp_path / "tune.json"))
+    report = tune(cfg, log=lambda m: None)
+    assert len(report["acceptance"]) == 3
+    spec = Speculator.from_pretrained(str(llama_dir), str(hdir))
+    assert shape_spec(spec.tree_for(0.0)) == shape_spec(spec.fit_tree(report["tree"])) and spec.tree.depth <= 3
+    p = tok(text[:200])["input_ids"]
+    x = torch.tensor([p])
+    ref = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=10, do_sample=False)[0, len(p):]
+    assert spec.generate(p, max_new_tokens=10).ids == ref.tolist()
+
+
 def eagle1_and_prompts(tmp_path, llama_dir, n: int):
     """The target, its tokenizer, untrained EAGLE-1 heads saved beside it, a file of ``n`` prompts
     and the text they were cut from."""

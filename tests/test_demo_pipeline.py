@@ -54,6 +54,21 @@ def test_quick_runs_keep_the_recipe_but_fit_a_shallow_target(tmp_path):
     assert block.dflash.aux_layers == [] and block.dflash.draft_vocab_size == 256
 
 
+def test_peagle_and_dspark_train_on_request_with_their_recipes(tmp_path):
+    """`headway demo --kinds peagle dspark`: their recipes, fitted to --quick's shallow target as the
+    others are; the default kinds stay the four."""
+    target, tiny = fake_target(tmp_path, 8), fake_target(tmp_path, 4, vocab=1024)
+    peagle = train_config(DemoConfig(kinds=["peagle"]), "peagle", target, tmp_path / "d", tmp_path / "o")
+    assert peagle.kind == "peagle" and peagle.peagle.num_depths == 7 and peagle.peagle.aux_layers == [2, 4, 5]
+    dspark = train_config(DemoConfig(kinds=["dspark"]), "dspark", target, tmp_path / "d", tmp_path / "o")
+    assert dspark.kind == "dflash" and dspark.dflash.markov_rank > 0 and dspark.dflash.confidence_head
+    quick = train_config(DemoConfig(quick=True), "peagle", tiny, tmp_path / "d", tmp_path / "o")
+    assert quick.peagle.aux_layers == [] and quick.peagle.draft_vocab_size == 256
+    assert "peagle" not in DemoConfig().kinds
+    with pytest.raises(ValueError, match="choose from medusa, eagle1, eagle3, dflash, peagle, dspark"):
+        DemoConfig(kinds=["pegle"])
+
+
 def test_the_demo_finishes_without_matplotlib_and_says_what_the_plot_needs(tmp_path, monkeypatch, capsys):
     """``pip install headway`` (no plot extra) then ``headway demo``: every stage's work is kept, the
     plot is one line saying what to install, and the command succeeds (it once died at the very end)."""

@@ -3,6 +3,8 @@ held to what vLLM 0.32.0's loader reads, written below as data), refusals on one
 by hand (as speculators and vLLM users publish them) imported, and every import drafting exactly what
 the original drafter does."""
 
+import copy
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -227,3 +229,27 @@ def test_cli_export_then_import(target, tmp_path, capsys):
     assert main(["import", str(tmp_path / "spec"), "--out", str(tmp_path / "back")]) == 0
     assert "imported peagle heads" in capsys.readouterr().out
     same_drafts(load_heads(folder), load_heads(tmp_path / "back"), target)
+
+
+def test_interop_check_runs_peagle_as_vllm_does_and_its_control_moves_only_the_mask_token(target, tmp_path):
+    """checks/vllm_parity.py's `peagle` kind, without vLLM: the speculative config vLLM needs for the
+    vllm layout (EAGLE-3 with parallel drafting), speculators exports supported, no probe drafter, and a
+    negative control that writes the mask token one lower and changes nothing else in either layout."""
+    path = Path(__file__).resolve().parents[1] / "checks" / "vllm_parity.py"
+    spec = importlib.util.spec_from_file_location("vllm_parity", path)
+    interop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(interop)
+    folder = drafter(target).save_pretrained(tmp_path / "h")
+    run, model = interop.engine_run("vllm", "peagle", tmp_path / "x", 4)
+    assert run == {"method": "eagle3", "model": str(tmp_path / "x"), "num_speculative_tokens": 4,
+                   "parallel_drafting": True} and model is None
+    assert interop.engine_run("speculators", "peagle", tmp_path / "x", 4) == ({"num_speculative_tokens": 4},
+                                                                              tmp_path / "x")
+    assert interop.supports("speculators", "peagle") and "peagle" in interop.TRAINED_ONLY
+    for fmt in ("vllm", "speculators"):
+        cfg, _ = read(export_heads(folder, fmt, tmp_path / fmt))
+        before = copy.deepcopy(cfg)
+        note = interop.miswrite("peagle", fmt, cfg)
+        assert cfg["mask_token_id"] == 8 and "mask_token_id 8 instead of 9" in note
+        assert {k: v for k, v in cfg.items() if k != "mask_token_id"} == \
+            {k: v for k, v in before.items() if k != "mask_token_id"}

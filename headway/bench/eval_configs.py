@@ -59,7 +59,7 @@ class EvalConfig(DecodeTargetArgs):
     vllm_python: str | None = opt(None, "--engine vllm: the Python of a vLLM environment (default: "
                                         "$HEADWAY_VLLM_PYTHON)")
     num_speculative_tokens: int | None = opt(None, "--engine vllm: the draft chain's length in both engines "
-                                                   "(default 3; DFlash: its block size - 1)")
+                                                   "(default 3; DFlash: its block size - 1; P-EAGLE: its K)")
     tolerance: float = opt(0.0, "--engine vllm: the per-position acceptance-rate gap allowed between the engines "
                                 "(0: equal counts, checks/vllm_parity.py's default)")
     progress: bool = opt(True, "progress on stderr")

@@ -34,20 +34,24 @@ from .methods import HeadwayMethod, stop_ids_of
 from .report import first_difference
 from .suite_prompts import SuitePrompt
 
-VLLM_METHODS = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3", "dflash": "dflash"}  # speculative_config
+# speculative_config's method per kind (P-EAGLE: vLLM's EAGLE-3 drafter with parallel drafting)
+VLLM_METHODS = {"medusa": "medusa", "eagle1": "eagle", "eagle3": "eagle3", "dflash": "dflash", "peagle": "eagle3"}
 DEFAULT_CHAIN = 3
 
 
-def chain_length(given: int | None, kind: str, block_size: int | None) -> int:
+def chain_length(given: int | None, kind: str, block_size: int | None, num_depths: int | None = None) -> int:
     """The chain both engines draft: ``given``, else a DFlash block's drafts (block size - 1: vLLM
-    drafts a block of num_speculative_tokens + 1 slots), else 3."""
+    drafts a block of num_speculative_tokens + 1 slots), else P-EAGLE's K (fixed at training), else 3."""
     if given:
         return given
+    if kind == "peagle" and num_depths:
+        return num_depths
     return block_size - 1 if kind == "dflash" and block_size else DEFAULT_CHAIN
 
 
 def speculative_config(kind: str, export: Path, k: int) -> dict[str, Any]:
-    return {"method": VLLM_METHODS[kind], "model": str(export), "num_speculative_tokens": k}
+    extra = {"parallel_drafting": True} if kind == "peagle" else {}
+    return {"method": VLLM_METHODS[kind], "model": str(export), "num_speculative_tokens": k, **extra}
 
 
 def category_request(prompts: Sequence[SuitePrompt], keep: Sequence[int], max_new: Sequence[int],
@@ -138,7 +142,8 @@ def compare_heads(cfg: EvalConfig, bcfg: BenchConfig, run: Prompts, path: str, t
     from .run import headway_methods
 
     heads = load_heads(path, target=target)
-    k = chain_length(cfg.num_speculative_tokens, heads.kind, heads.config.block_size if heads.kind == "dflash" else None)
+    k = chain_length(cfg.num_speculative_tokens, heads.kind, heads.config.block_size if heads.kind == "dflash" else None,
+                     heads.config.num_depths if heads.kind == "peagle" else None)
     export = export_heads(heads, "vllm", work / "export", target=target)  # first: a refusal costs no decoding
     method = headway_methods(target, tokenizer, dataclasses.replace(bcfg, heads=[path], tree=[f"chain-{k}"]))[0]
     hw_out, hw_counts = headway_side(method, run.prompts, run.groups, run.max_new, k, cfg.seed)

@@ -58,6 +58,17 @@ def catch_up_visible(valid: torch.Tensor, new_valid: torch.Tensor) -> torch.Tens
     return after_prefix(valid, new)
 
 
+def with_mask_queries(visible: torch.Tensor, seen: torch.Tensor, n: int) -> torch.Tensor:
+    """visible (B, M, S + M) of M real queries, seen (B, S + M) the row's valid slots once they are
+    written -> bool (B, M + n, S + M + n): ``n`` mask queries (a parallel draft's placeholders) after
+    them, each seeing its row's valid slots and the mask queries up to itself; no real query sees one."""
+    B, M, _ = visible.shape
+    causal = torch.ones(n, n, dtype=torch.bool, device=visible.device).tril().expand(B, n, n)
+    top = torch.cat([visible, visible.new_zeros(B, M, n)], dim=2)
+    bottom = torch.cat([seen[:, None, :].expand(-1, n, -1), causal], dim=2)
+    return torch.cat([top, bottom], dim=1)
+
+
 def first_slots(counts: Sequence[int], device: torch.device) -> torch.Tensor:
     """(B, max count) bool: row b's first ``counts[b]`` slots (the real ones of a padded write)."""
     c = torch.tensor(list(counts), dtype=torch.long, device=device)

@@ -72,6 +72,7 @@ class TreePolicy:
     by_batch: dict[int, bool | TreeShape] | None = None
     by_batch_sampling: dict[int, bool | TreeShape] | None = None  # above T=0 (None: ``by_batch`` serves both)
     batch_aware: bool = True  # False: always speculate (A/B)
+    confidence_sizing: bool = False  # a chain's verify length from the drafter's confidence head (DSpark)
     verify_costs_by_threads: dict[int, torch.Tensor] = field(default_factory=dict)
     _shapes: dict[tuple[int, int], TreeShape] = field(default_factory=dict)
 
@@ -136,12 +137,22 @@ class TreePolicy:
     def adaptive(self) -> bool:
         return any(isinstance(t, DynamicShape) and t.adaptive for t in (self.tree, self.sampling_tree))
 
+    def sized_per_step(self) -> bool:
+        """Some step may verify fewer nodes than its tree: an adaptive tree, or a chain the drafter's
+        confidence head sizes (both read the verify-cost curve)."""
+        return self.adaptive() or (self.confidence_sizing and any(map(is_chain, (self.tree, self.sampling_tree))))
+
+    def sizes_chain(self, shape: TreeShape, batch_size: int) -> bool:
+        """This step's chain is cut to the length its confidence says pays (one prompt: a batch verifies
+        the whole chain, as it does an adaptive tree's TOTAL)."""
+        return self.confidence_sizing and batch_size == 1 and is_chain(shape)
+
     def verify_costs(self, runtime: Any) -> torch.Tensor:
         """(N,) seconds of a verify forward over 1..N tokens, N the largest adaptive tree's budget:
         timed once per thread count on first use (a few forwards per size, ``decode/cost.py``) with
         the decoder's own kernels, then interpolated."""
         threads = torch.get_num_threads()
-        most = max(t.size for t in (self.tree, self.sampling_tree) if isinstance(t, DynamicShape))
+        most = max(t.size for t in (self.tree, self.sampling_tree) if isinstance(t, DynamicShape) or is_chain(t))
         known = self.verify_costs_by_threads.get(threads)
         if known is None or known.numel() < most:
             sizes = [n for n in CURVE_SIZES if n < most] + [most]

@@ -7,6 +7,8 @@ as one more class here and one more line in ``make_proposer``.
 * ``MedusaProposer``: K heads on each row's last final state; depth d reads head d - 1, whatever the
   parent token, so a tree costs one heads call per step.
 * ``EagleProposer``: EAGLE-1 / EAGLE-3, one drafter forward per tree level over its own KV cache.
+* ``PEagleProposer``: P-EAGLE, an EAGLE-3 drafter whose one forward per step drafts every depth (mask
+  slots after the accepted entries).
 * ``DFlashProposer``: a block drafter, one forward per step drafts every depth (plus, with a path
   correction, one small step per level).
 * ``RowsProposer``: B batch-of-one proposers driven row by row (test oracles, and the A/B baseline
@@ -26,11 +28,12 @@ from typing import Protocol, Sequence, runtime_checkable
 import torch
 import torch.nn.functional as F
 
-from ..heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads
-from ..heads.dflash import ContextKV, extend_context
+from ..heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads, PEagleDrafter
+from ..heads.dflash import ContextKV, extend_context, survival
 from ..heads.layers import DraftCache
 from ..heads.metadata import calibration_temperatures
-from .padding import additive, after_prefix, catch_up_visible, first_slots, pad_rows, prefill_mask, used_columns
+from .padding import (additive, after_prefix, catch_up_visible, first_slots, pad_rows, prefill_mask, used_columns,
+                      with_mask_queries)
 
 
 @runtime_checkable
@@ -150,6 +153,18 @@ class MedusaProposer:
         return copy.copy(self)  # logp is replaced, never written in place
 
 
+def _keep_rows(caches: Sequence[DraftCache], valid: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """Keep rows ``sel`` of drafter caches (B, kv_heads, S, head_dim) and their ``valid`` (B, S), then drop
+    the slot columns only dropped rows used (the target cache's rule). Returns the new ``valid``."""
+    valid = valid[sel]
+    cols = used_columns(valid)
+    for c in caches:
+        c.keys, c.values = c.keys.index_select(0, sel), c.values.index_select(0, sel)
+        if cols is not None:
+            c.keys, c.values = c.keys.index_select(2, cols), c.values.index_select(2, cols)
+    return valid if cols is None else valid[:, cols]
+
+
 class EagleProposer:
     """EAGLE-1 / EAGLE-3: the drafter runs autoregressively over the tree with its own KV cache.
 
@@ -242,18 +257,100 @@ class EagleProposer:
         self.cache.crop(self.valid.shape[1])
 
     def select(self, keep: Sequence[int]) -> None:
-        sel, c = _index(keep, self.valid), self.cache
-        c.keys, c.values = c.keys.index_select(0, sel), c.values.index_select(0, sel)
-        self.valid, self.base = self.valid[sel], self.base[sel]
+        sel = _index(keep, self.valid)
+        self.valid, self.base = _keep_rows([self.cache], self.valid, sel), self.base[sel]
         self.root_out, self.root_lp = self.root_out[sel], self.root_lp[sel]
-        cols = used_columns(self.valid)  # slots only dropped rows used: the same rule as the target's cache
-        if cols is not None:
-            c.keys, c.values = c.keys.index_select(2, cols), c.values.index_select(2, cols)
-            self.valid = self.valid[:, cols]
 
     def fork(self) -> EagleProposer:
         twin = copy.copy(self)
         twin.cache = copy.copy(self.cache)  # append / crop rebuild tensors, never write into them
+        return twin
+
+
+class PEagleProposer:
+    """P-EAGLE: an EAGLE-3 drafter that drafts all K depths of a chain in one call (docs/peagle.md).
+
+    Its cache holds EAGLE's entries (x_{t+1}, f_t at position t) with ``valid`` and ``base`` as the EAGLE
+    proposer's. ``prefill`` and ``accept`` make the call: the new real entries, then K - 1 mask slots at
+    the positions after each row's last real one (``drafter.with_mask_slots``), attention causal over the
+    row's valid slots (``padding.with_mask_queries``). The outputs at the last real slot and the mask slots
+    are depths 1..K; the mask slots' keys are cropped at once (the next call writes accepted entries at
+    their positions). As with DFlash, depth d's distribution ignores the drafts above it: every tree
+    shape reads the one (B, K, Vd) block, and a sampled chain draws each depth from its own row."""
+
+    def __init__(self, drafter: PEagleDrafter, max_depth: int | None = None,
+                 temperatures: Sequence[float] | None = None) -> None:
+        self.drafter = drafter
+        K = drafter.num_depths
+        self.max_depth = K if max_depth is None else min(K, max_depth)
+        self.temperatures = temperatures
+        self.draft_vocab_size = drafter.draft_vocab_size
+        self.feature_layers = list(drafter.feature_layers)
+        self.cache = drafter.new_cache()
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)
+        self.base = torch.zeros(0, dtype=torch.long)  # (B,) each row's next root position
+        self.logp: torch.Tensor | None = None  # (B, K, Vd) depths 1..K after each row's root
+
+    def _draft(self, tokens: torch.Tensor, features: list[torch.Tensor], pos: torch.Tensor,
+               visible: torch.Tensor, new_valid: torch.Tensor, last: torch.Tensor) -> None:
+        """One call: M new real entries per row (tokens, pos (B, M); the column ``last`` (B,) holds each
+        row's last real one, at position base - 1; ``visible`` (B, M, S + M) among the real queries), then
+        the K - 1 mask slots."""
+        d = self.drafter
+        S, M = len(self.cache), tokens.shape[1]
+        ids, hid, pos = d.with_mask_slots(tokens, d.fuse(features), pos)  # the last column is base - 1 in every row
+        self.valid = torch.cat([self.valid, new_valid], dim=1)
+        seen = with_mask_queries(visible, self.valid, d.num_depths - 1)
+        out = d(ids, hid, pos, additive(seen, d.fc.weight.dtype), self.cache)  # (B, M + K - 1, H)
+        self.cache.crop(S + M)  # the mask slots' keys: placeholders, never context
+        rows = torch.arange(out.shape[0], device=out.device)
+        h = torch.cat([out[rows, last][:, None], out[:, M:]], dim=1)  # (B, K, H): depth 1 first
+        self.logp = F.log_softmax(d.logits(h).float(), dim=-1)
+
+    def prefill(self, tokens: torch.Tensor, valid: torch.Tensor, position_ids: torch.Tensor,
+                features: list[torch.Tensor], first: torch.Tensor) -> None:
+        self.cache, self.valid = self.drafter.new_cache(), valid[:, :0]
+        x = torch.cat([tokens[:, 1:], first.view(-1, 1)], dim=1)  # x_{t+1} at slot t (left padding: pads first)
+        self._draft(x, features, position_ids, prefill_mask(valid), valid.clone(),
+                    torch.full((tokens.shape[0],), tokens.shape[1] - 1, dtype=torch.long, device=tokens.device))
+        self.base = valid.sum(1)
+
+    def accept(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
+               starts: Sequence[int]) -> None:
+        """Row b appends m_b + 1 entries (x_{t+1}, f_t), t = start_b .. start_b + m_b, padded to the longest
+        (pad slots invalid, at the row's last position so the mask slots follow it in every row)."""
+        dev = self.valid.device
+        counts = [p.numel() - 1 for p in paths]  # the path without the root, bonus included
+        tokens = pad_rows([p[1:] for p in paths])  # (B, M)
+        feats = [pad_rows(layer) for layer in zip(*features)]  # per layer (B, M, H)
+        c = torch.tensor(counts, dtype=torch.long, device=dev)
+        start = torch.tensor(list(starts), dtype=torch.long, device=dev)
+        pos = start[:, None] + torch.minimum(torch.arange(tokens.shape[1], device=dev)[None], c[:, None] - 1)
+        new_valid = first_slots(counts, dev)
+        self._draft(tokens, feats, pos, catch_up_visible(self.valid, new_valid), new_valid, c - 1)
+        self.base = start + c
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self.logp[:, 0]
+
+    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        return self.logp[:, depth, None].expand(-1, tokens.shape[1], -1)  # no slot reads a drafted token
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.drafter.draft_to_target_ids(draft_ids)
+
+    def end_tree(self) -> None:
+        pass  # the mask slots left the cache when they were drafted
+
+    def select(self, keep: Sequence[int]) -> None:
+        sel = _index(keep, self.valid)
+        self.valid = _keep_rows(self.cache.layers, self.valid, sel)
+        self.base, self.logp = self.base[sel], self.logp[sel]
+
+    def fork(self) -> PEagleProposer:
+        twin = copy.copy(self)  # logp is replaced each call, never written in place
+        twin.cache = copy.copy(self.cache)
+        twin.cache.layers = [copy.copy(c) for c in self.cache.layers]  # append / crop rebuild tensors
         return twin
 
 
@@ -265,7 +362,10 @@ class DFlashProposer:
     step's block is [root, mask, ...] at the root's position and after. Like Medusa's, depth d's
     distribution ignores the parent token, so chains, static and dynamic trees all read the same
     (B, block_size - 1, Vd) block. A drafter with a path correction adds, per tree level, one
-    correction step on each parent's state and token: depth d then depends on the path above it."""
+    correction step on each parent's state and token: depth d then depends on the path above it.
+    DSpark's Markov head adds a bias from each node's parent token (the root's for depth 1), and its
+    confidence head estimates each chain draft's chance of acceptance (``chain_survival``), from which
+    the step chooses how many drafts to verify (``step.draft``)."""
 
     def __init__(self, drafter: DFlashDrafter, temperatures: Sequence[float] | None = None) -> None:
         self.drafter = drafter
@@ -279,7 +379,7 @@ class DFlashProposer:
         self.roots = torch.zeros(0, dtype=torch.long)  # (B,) each row's next block anchor
         self.dense = True  # no pad or gap slot (a batch of one): the block needs no mask
         self.logp: torch.Tensor | None = None  # (B, bs - 1, Vd) (no correction)
-        self.out: torch.Tensor | None = None  # (B, bs - 1, H) slot outputs (correction)
+        self.out: torch.Tensor | None = None  # (B, bs - 1, H) slot outputs (correction, DSpark)
         self.slot_logits: torch.Tensor | None = None  # (B, bs - 1, Vd) slot logits before the correction
         self.state: torch.Tensor | None = None  # (B, rows of the last call, r) correction states
 
@@ -314,11 +414,32 @@ class DFlashProposer:
         mask = None if self.dense else additive(
             after_prefix(self.valid, torch.ones(B, bs, bs, dtype=torch.bool, device=x.device)), d.fc.weight.dtype)
         out = d(x, pos, self.context, mask)[:, 1:]  # (B, bs - 1, H)
+        self.out = out
+        if d.has_markov:
+            return self._markov(self.roots[:, None], 0)[:, 0]
         if not d.has_correction:
             self.logp = F.log_softmax(d.logits(out).float(), dim=-1)
             return self.logp[:, 0]
-        self.out, self.slot_logits = out, d.logits(out)  # (B, bs - 1, H), (B, bs - 1, Vd)
+        self.slot_logits = d.logits(out)  # (B, bs - 1, Vd)
         return self._corrected(None, self.roots[:, None], 0)[:, 0]
+
+    def _markov(self, parents: torch.Tensor, slot: int) -> torch.Tensor:
+        """DSpark: slot ``slot`` (0-based) after parents (B, n) target ids, its logits plus the Markov
+        bias of each parent -> (B, n, Vd)."""
+        B, n = parents.shape
+        h = self.out[:, slot, None].expand(B, n, -1)  # (B, n, H)
+        return F.log_softmax(self.drafter.logits(h, parents=parents).float(), dim=-1)
+
+    def chain_survival(self, tokens: torch.Tensor) -> torch.Tensor:
+        """DSpark's confidence head along each row's chain: tokens (B, D + 1) target ids, the root then
+        the drafts at depths 1..D -> (B, D), the chance that drafts 1..k are all accepted (``survival``)."""
+        D = tokens.shape[1] - 1
+        return survival(self.drafter.confidence(self.out[:, :D], tokens[:, :D]))
+
+    @property
+    def confident(self) -> bool:
+        """The drafter estimates each slot's acceptance (a DSpark confidence head)."""
+        return self.drafter.has_confidence
 
     def _corrected(self, state: torch.Tensor | None, parents: torch.Tensor, slot: int) -> torch.Tensor:
         """Slot ``slot`` (0-based: depth slot + 1) after parents (B, n) target ids with states (B, n, r)
@@ -331,6 +452,8 @@ class DFlashProposer:
         return F.log_softmax((self.slot_logits[:, slot, None] + d.correction.out(self.state)).float(), dim=-1)
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        if self.drafter.has_markov:
+            return self._markov(tokens, depth)
         if self.drafter.has_correction:
             rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
             return self._corrected(self.state[rows, parent_rows], tokens, depth)
@@ -409,6 +532,8 @@ def make_proposer(heads: HeadsBase, max_depth: int | None = None, calibrate: boo
         return MedusaProposer(heads, temps)
     if isinstance(heads, (Eagle1Drafter, Eagle3Drafter)):
         return EagleProposer(heads, max_depth, temps)
+    if isinstance(heads, PEagleDrafter):
+        return PEagleProposer(heads, max_depth, temps)
     if isinstance(heads, DFlashDrafter):
         return DFlashProposer(heads, temps)
     raise TypeError(f"no proposer for {type(heads).__name__}")

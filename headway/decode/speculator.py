@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..hardware import sync
-from ..heads import HeadsBase, load_heads
+from ..heads import DFlashDrafter, HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from ..tokenizer import encode_prompt
 from .args import DecodeError, check_decode_args, check_prompt_list, row_named
@@ -44,7 +44,8 @@ class Speculator:
                  calibrate: bool = True, heads_dtype: str | torch.dtype | None = "auto",
                  static_cache: bool = False, compile: bool = False, linear_kernel: str = "auto",
                  verify_logits: str = "auto", by_batch: dict[int, Any] | None = None,
-                 batch_policy: str = "auto", by_batch_sampling: dict[int, Any] | None = None) -> None:
+                 batch_policy: str = "auto", by_batch_sampling: dict[int, Any] | None = None,
+                 confidence_sizing: bool = True) -> None:
         """``typical=(threshold, alpha)`` switches sampling to Medusa's typical acceptance, which is
         LOSSY (faster, but the output no longer follows the target's distribution); off by default.
         ``sampled_drafts``: at temperature > 0 a chain's drafts are drawn from the drafter's
@@ -76,7 +77,11 @@ class Speculator:
         given there (a shape or its spec, e.g. ``"chain-2"``), as ``headway tune`` measured
         (``by_batch_sampling``: above T=0, where it differs); without it one prompt speculates and a
         batch decodes plainly (``policy.untuned_speculates``); ``batch_policy="always"`` drafts at every step of every
-        batch (A/B, and tests that compare batched steps with unbatched ones)."""
+        batch (A/B, and tests that compare batched steps with unbatched ones). ``confidence_sizing``:
+        heads with a confidence head (DSpark) choose each step's chain length from it (the chance that
+        drafts 1..k are all accepted against the verify-cost curve, as adaptive trees do); one prompt,
+        deterministic drafts (a sampled chain verifies every draft: a cut chosen from drawn tokens would
+        bias which are tested), not compiled. The output is the target's either way."""
         heads.check_tokenizer(tokenizer)  # ids must mean the tokens the heads were trained on
         self.tokenizer = tokenizer
         self.max_depth = max_depth
@@ -93,7 +98,8 @@ class Speculator:
         self.policy = TreePolicy(fitted, fit_tree(sampling_tree, proposer) if sampling_tree is not None else fitted,
                                  self.runtime.max_positions, sampled_drafts, typical,
                                  fitted_table(by_batch, proposer), fitted_table(by_batch_sampling, proposer),
-                                 batch_aware=batch_policy == "auto")
+                                 batch_aware=batch_policy == "auto",
+                                 confidence_sizing=confidence_sizing and not compile and confident(heads))
         self.hooks: list[StepHooks] = []  # called after every step (``step.StepHooks``), after the stats
         self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
         self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
@@ -110,7 +116,7 @@ class Speculator:
                         attn_implementation: str | None = None, heads_dtype: str | torch.dtype | None = "auto",
                         static_cache: bool = False, compile: bool = False,
                         linear_kernel: str = "auto", sampling_tree: TreeShape | str | None = None,
-                        verify_logits: str = "auto") -> "Speculator":
+                        verify_logits: str = "auto", confidence_sizing: bool = True) -> "Speculator":
         """``adapter``: a PEFT adapter merged into a target given by name; by default the one the heads
         checkpoint names (Medusa-2 heads are trained on an adapted target, which is the one whose
         output they reproduce). A target given as a model object is used as it is. ``device_map``,
@@ -142,7 +148,8 @@ class Speculator:
                    calibrate=calibrate, heads_dtype=heads_dtype, static_cache=static_cache, compile=compile,
                    linear_kernel=linear_kernel, verify_logits=verify_logits,
                    by_batch=batch_table(stored.get("by_batch")),
-                   by_batch_sampling=batch_table(stored.get("by_batch_sampling")))
+                   by_batch_sampling=batch_table(stored.get("by_batch_sampling")),
+                   confidence_sizing=confidence_sizing)
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
@@ -231,7 +238,7 @@ class Speculator:
         check, an adaptive tree's cost curve."""
         self.runtime.kernels.plan()
         self.runtime.uses_lazy_logits()
-        if self.policy.adaptive():
+        if self.policy.sized_per_step():
             self.policy.verify_costs(self.runtime)
 
     # -- one prompt, step by step (tests and tune drive these) --------------------------------
@@ -433,6 +440,11 @@ class Speculator:
                 shown = len(text)
             if cut:
                 return
+
+
+def confident(heads: HeadsBase) -> bool:
+    """The heads estimate each draft's chance of acceptance (DSpark's confidence head)."""
+    return isinstance(heads, DFlashDrafter) and heads.has_confidence
 
 
 def _adapter_of(heads: Path | HeadsBase) -> str | None:

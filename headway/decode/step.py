@@ -33,13 +33,13 @@ from .kv import in_place
 from .layouts import OneRow, PaddedRows
 from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs
 from .policy import TreePolicy
-from .proposers import Proposer
+from .proposers import DFlashProposer, Proposer
 from .runtime import Runtime
 from .sampling import (SamplingParams, draw_children, draw_draft, processed_probs, sample_from, verify_sample,
                        verify_sampled_chain, verify_typical)
 from .shapes import DynamicShape, TreeShape, is_chain
 from .stats import GenerationStats, _record_depths
-from .trees import DraftTree, build_trees, sampled_chains
+from .trees import DraftTree, build_trees, sampled_chains, sized_chain
 from .verify import Verdict, stack_trees, verify_greedy, verify_greedy_walk
 
 
@@ -188,8 +188,12 @@ def draft(rt: Runtime, policy: TreePolicy, batch: Batch) -> Drafts:
         children = [partial(draw_children, params=r.params, gen=r.gen) if policy.samples_children(r.params, s)
                     else None for r, s in zip(rows, shapes)]
         adaptive = isinstance(shapes[0], DynamicShape) and shapes[0].adaptive and len(rows) == 1  # batches: TOTAL
-        size_for = policy.size_for(rt, batch.step_cost, t_draft) if adaptive else None
+        confident = policy.sizes_chain(shapes[0], len(rows)) and isinstance(proposer, DFlashProposer) \
+            and proposer.confident
+        size_for = policy.size_for(rt, batch.step_cost, t_draft) if adaptive or confident else None
         trees = build_trees(shapes, proposer, roots, children if any(children) else (), rt.vocab_size, size_for)
+        if confident:  # DSpark: the confidence head's survival along the chain sizes the verify
+            trees = [sized_chain(trees[0], proposer.chain_survival(trees[0].tokens[None])[0], size_for)]
         drafts = Drafts(trees, shapes[0], [None] * len(rows))
     proposer.end_tree()
     return drafts

@@ -11,6 +11,7 @@ The paths, as the papers draw them:
   log-probability per depth, keep the best ``total_tokens`` (``select_tree``; an adaptive tree keeps
   as many as pay for their verify cost, ``SizeFor``).
 * ``sampled_chains``: a chain whose drafts are drawn from the drafter (speculative sampling).
+* ``sized_chain``: a chain cut, per step, to the length a confidence head (DSpark) says pays off.
 
 Each row gets the tree its own run would build from the same distributions. Rows need different
 shapes only near the context window (``TreePolicy.shape_for`` shrinks the depth): a truncated static
@@ -222,6 +223,19 @@ def select_tree(draft: torch.Tensor, parent: torch.Tensor, score: torch.Tensor, 
     tokens = proposer.to_target_ids(draft[keep].clamp(min=0))
     tokens[0] = root_token
     return DraftTree(tokens, TreeBuffers.build(parents, depth), draft[keep])
+
+
+# -- a chain sized by the drafter's confidence (DSpark) ---------------------------------------------
+def sized_chain(tree: DraftTree, gains: torch.Tensor, size_for: SizeFor) -> DraftTree:
+    """The root and the first ``size_for(gains) - 1`` drafts of a chain (its prefix, a chain too);
+    ``gains`` (D,): the chance that drafts 1..k are all accepted. The drafts are a function of the
+    prefix and so is the cut: verification of the shorter chain emits what the target would."""
+    n = max(1, min(int(size_for(gains)), tree.tokens.numel()))
+    if n == tree.tokens.numel():
+        return tree
+    dev = tree.tokens.device
+    buffers = chain_buffers(n - 1, dev) if n > 1 else TreeBuffers.build(torch.full((1,), -1, device=dev), 0)
+    return DraftTree(tree.tokens[:n], buffers, None if tree.draft_ids is None else tree.draft_ids[:n])
 
 
 # -- sampled chains: speculative sampling ----------------------------------------------------------

@@ -29,7 +29,8 @@ def recipe(name: str) -> Path:
         raise HeadwayError(f"demo recipe {path} not found: `headway demo` runs from a clone of the repository, "
                            "whose configs/ holds its recipes")
     return path
-KINDS = ("medusa", "eagle1", "eagle3", "dflash")
+KINDS = ("medusa", "eagle1", "eagle3", "dflash")  # trained by default
+MORE_KINDS = ("peagle", "dspark")  # on request (--kinds): configs/demo/{peagle,dspark}.yaml
 
 
 @dataclass
@@ -47,9 +48,9 @@ class DemoConfig:
     threads: int | None = opt(None, "torch CPU threads (default: all cores)")
 
     def __post_init__(self) -> None:
-        bad = [k for k in self.kinds if k not in KINDS]
+        bad = [k for k in self.kinds if k not in KINDS + MORE_KINDS]
         if bad:
-            raise ValueError(f"unknown head kind(s) {bad}; choose from {', '.join(KINDS)}")
+            raise ValueError(f"unknown head kind(s) {bad}; choose from {', '.join(KINDS + MORE_KINDS)}")
 
     def pick(self, value: Any, default: Any, quick: Any) -> Any:
         return value if value is not None else (quick if self.quick else default)
@@ -116,8 +117,8 @@ def train_kind(cfg: DemoConfig, kind: str, target: Path, data: Path, run: Path) 
 
 
 def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path) -> Any:
-    """The kind's demo recipe, pointed at this run's target, data and folder. The EAGLE-3 and DFlash
-    recipes name aux layers of the 8-layer demo target and a draft vocabulary of a quarter of its 8,192
+    """The kind's demo recipe, pointed at this run's target, data and folder. The EAGLE-3, DFlash and
+    P-EAGLE recipes name aux layers of the 8-layer demo target and a draft vocabulary of a quarter of its 8,192
     tokens; a shallower target (--quick's tiny one) gets the default layers, and a smaller vocabulary a
     quarter of its own."""
     from ..target import load_config_only
@@ -132,7 +133,7 @@ def train_config(cfg: DemoConfig, kind: str, target: Path, data: Path, out: Path
     target_cfg = load_config_only(str(target), None, False)
     layers = getattr(target_cfg, "num_hidden_layers", None)
     vocab = getattr(target_cfg, "vocab_size", None)
-    for opts in (tc.eagle, tc.dflash):
+    for opts in (tc.eagle, tc.dflash, tc.peagle):
         if opts.aux_layers and layers is not None and max(opts.aux_layers) >= layers:
             opts.aux_layers = []  # the default for this depth
         if opts.draft_vocab_size and vocab is not None and opts.draft_vocab_size > vocab:
