@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from headway.config import ConfigError
 from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.errors import DataError, ResumeMismatchError
 
@@ -47,5 +48,5 @@ def test_a_resumed_run_redraws_the_same_answers_and_other_settings_are_refused(l
 def test_several_greedy_answers_are_refused(llama_dir, tmp_path):
     with pytest.raises(DataError, match="samples_per_prompt 2 at temperature 0"):
         DistillConfig(source="demo:train", target=str(llama_dir), samples_per_prompt=2)
-    with pytest.raises(DataError, match="samples_per_prompt must be >= 1"):
+    with pytest.raises(ConfigError, match="'samples_per_prompt' must be >= 1"):
         DistillConfig(source="demo:train", target=str(llama_dir), samples_per_prompt=0, temperature=1.0)

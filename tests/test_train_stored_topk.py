@@ -76,7 +76,7 @@ def test_a_resume_with_another_k_and_a_merge_of_other_k_are_refused(setup, tmp_p
     other = features(fcfg(data, tmp_path / "k4", target, ["0", "1", "2"], topk_logits=4))
     with pytest.raises(DataError, match="topk_logits: 8 in .* but 4 in"):
         merge([small, other], tmp_path / "merged")
-    with pytest.raises(DataError, match="topk_logits must be >= 0"):
+    with pytest.raises(ConfigError, match="'topk_logits' must be >= 0"):
         fcfg(data, tmp_path / "x", target, ["final"], topk_logits=-1)
 
 

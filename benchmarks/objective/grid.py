@@ -206,7 +206,7 @@ def collect(folder: Path, run: Run) -> dict[str, Any]:
         row.update(tau=ev.get("tau"), tau_decode=ev.get("tau_decode"), top1=ev.get("top1"),
                    positions=ev.get("positions"))
     if done:
-        row.update(train_time_s=round(done[-1]["train_time_s"], 1), tokens_per_s=round(done[-1]["tokens_per_s"], 1),
+        row.update(train_time_s=round(done[-1]["train_time_s"], 3), tokens_per_s=round(done[-1]["tokens_per_s"], 1),
                    steps=done[-1]["step"])
     config = folder / "final" / "config.json"
     if config.is_file():
