@@ -62,12 +62,13 @@ def eagle1_expand_ms(target: torch.nn.Module, n: int | None, calls: int) -> floa
     proposer = make_proposer(drafter)
     ctx = 128
     ids = torch.randint(0, V, (1, ctx))
-    proposer.prefill(ids, [torch.randn(1, ctx, H)], torch.tensor(5))
-    nodes = torch.randint(0, V, (4,))
+    proposer.prefill(ids, torch.ones_like(ids, dtype=torch.bool), torch.arange(ctx)[None], [torch.randn(1, ctx, H)],
+                     torch.tensor([5]))
+    nodes = torch.randint(0, V, (1, 4))
 
     def call() -> torch.Tensor:
         proposer.root_logprobs()
-        out = proposer.expand(torch.zeros(4, dtype=torch.long), nodes, 1)  # (4, Vd)
+        out = proposer.expand(torch.zeros(1, 4, dtype=torch.long), nodes, 1)  # (1, 4, Vd)
         proposer.end_tree()
         return out
 
@@ -79,7 +80,7 @@ def medusa_call_ms(target: torch.nn.Module, n: int | None, calls: int, heads: in
     V, H = target.config.vocab_size, target.config.hidden_size
     proposer = make_proposer(MedusaHeads.for_target(target, num_heads=heads, draft_vocab=vocab(n, V)).eval())
     h = torch.randn(1, H)
-    return median_ms(lambda: proposer.accept(torch.zeros(2, dtype=torch.long), [h], 0), calls)
+    return median_ms(lambda: proposer.accept([torch.zeros(2, dtype=torch.long)], [[h]], [0]), calls)
 
 
 def medusa_train_tokens_per_s(target: torch.nn.Module, n: int | None, steps: int, B: int = 4, T: int = 256,

@@ -38,11 +38,11 @@ class Oracle:
         self.max_depth, self.feature_layers, self.draft_vocab_size = None, feature_layers, vocab
         self.temperatures: list[float] = []
 
-    def prefill(self, input_ids, features, first) -> None:  # noqa: ANN001 - the Proposer protocol
-        self.root = input_ids.shape[1]
+    def prefill(self, tokens, valid, position_ids, features, first) -> None:  # noqa: ANN001 - the Proposer protocol
+        self.root = tokens.shape[1]  # a batch of one prompt
 
-    def accept(self, tokens, features, start) -> None:  # noqa: ANN001
-        self.root = start + tokens.numel() - 1
+    def accept(self, paths, features, starts) -> None:  # noqa: ANN001
+        self.root = starts[0] + paths[0].numel() - 1
 
     def _dist(self, depth: int) -> torch.Tensor:
         logp = torch.randn(self.V, generator=self.g)
@@ -56,13 +56,16 @@ class Oracle:
         return logp.log_softmax(-1)
 
     def root_logprobs(self) -> torch.Tensor:
-        return self._dist(1)
+        return self._dist(1)[None]
 
     def expand(self, parent_rows, tokens, depth) -> torch.Tensor:  # noqa: ANN001
-        return self._dist(depth + 1).expand(tokens.numel(), -1)
+        return self._dist(depth + 1).expand(*tokens.shape, -1)
 
     def end_tree(self) -> None:
         """Nothing to drop: the oracle keeps no per-tree state (a drafter's KV cache would be cut here)."""
+
+    def select(self, keep) -> None:  # noqa: ANN001
+        """One row: nothing to select."""
 
     def to_target_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids

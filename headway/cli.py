@@ -51,6 +51,9 @@ COMMANDS: dict[str, Command] = {
                     "headway.heads.hub:PushConfig", "headway.heads.hub:push_cli"),
     "train": Command("Train Medusa / EAGLE heads on the frozen target (= accelerate launch -m headway train).",
                      "headway.train.config:TrainConfig", "headway.train.recipe:train"),
+    "adapt": Command("Adapt served heads to a (fine-tuned) target and its traffic: distil new prompts, continue "
+                     "training, publish only when held-out tau improves; --watch LOGS repeats it, --rollback K undoes.",
+                     "headway.adapt.configs:AdaptConfig", "headway.adapt.run:adapt_cli"),
     "generate": Command("Generate with the tree speculative decoder: the target's exact output, faster.",
                         "headway.decode.cli:GenerateConfig", "headway.decode.cli:generate_cli"),
     "tune": Command("Measure acceptance and this machine's forward costs; store the fastest tree with the heads.",

@@ -388,8 +388,8 @@ def check_choice(value: Any, choices: Sequence[Any], key: str) -> None:
 
 # rule text -> test; a value of None (an unset optional) passes every rule
 RULES: dict[str, Any] = {
-    "> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, ">= 1": lambda x: x >= 1,
-    "in [0, 1)": lambda x: 0 <= x < 1, "in [0, 1]": lambda x: 0 <= x <= 1,
+    "> 0": lambda x: x > 0, ">= 0": lambda x: x >= 0, ">= 1": lambda x: x >= 1, ">= 2": lambda x: x >= 2,
+    "in [0, 1)": lambda x: 0 <= x < 1, "in [0, 1]": lambda x: 0 <= x <= 1, "in (0, 1]": lambda x: 0 < x <= 1,
 }
 
 

@@ -1,4 +1,5 @@
-"""Is bf16 worth it here? Measured once per process, not guessed from the CPU's name.
+"""Is bf16 worth it here? Measured once per process, not guessed from the CPU's name. And ``sync``:
+wait for a device that works asynchronously (a GPU) around a timed section.
 
 On a CPU with native bf16 matmul (AMX / AVX512-BF16) bf16 autocast trains the demo target and
 runs batched forwards ~1.4-1.8x faster than fp32. Without it PyTorch emulates bf16, and the same
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from typing import Any
 
 ENV = "HEADWAY_CPU_BF16"
 FAST = 1.2  # bf16 where its matmul is at least this much faster than fp32 (native bf16: 1.4-2.5x)
@@ -66,3 +68,12 @@ def bf16_is_fast(device_type: str = "cpu") -> bool:
     if device_type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     return cpu_bf16_is_fast()
+
+
+def sync(device: Any) -> None:
+    """Wait for the work queued on ``device`` (a ``torch.device``): around a timed section on a GPU,
+    whose calls return before the work is done. A no-op on CPUs, whose calls return when done."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)

@@ -25,6 +25,7 @@ the bytes of a float32 one beside a float32 target. Other dtypes run stock.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -32,6 +33,8 @@ import os
 import platform
 import shutil
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,14 +106,52 @@ def _load(flags: list[str], link: list[str]) -> tuple[Any, str]:
         level = log.level
         log.setLevel(logging.ERROR)
         try:
-            module = load(name=f"headway_fewrow_{tag}", sources=[str(SOURCE)], extra_cflags=flags,
-                          extra_ldflags=link, verbose=False)
+            with build_lock(f"headway_fewrow_{tag}"):
+                module = load(name=f"headway_fewrow_{tag}", sources=[str(SOURCE)], extra_cflags=flags,
+                              extra_ldflags=link, verbose=False)
         finally:
             log.setLevel(level)
     except Exception as exc:  # noqa: BLE001 - any build failure means "not available here"
         lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
         return None, f"{type(exc).__name__}: {lines[-1] if lines else ''}"[:300]
     return module, ""
+
+
+@contextlib.contextmanager
+def build_lock(name: str) -> Iterator[None]:
+    """Hold headway's own lock on the build of ``name`` and clear a baton a killed build left behind.
+
+    torch's builder marks a build in progress with a ``lock`` file in the build folder and waits, forever,
+    while it exists; a build killed mid-way (kill -9, a session ended) leaves it there and every later
+    process hangs. headway's builders hold an ``flock`` on a file beside the folder, which the kernel
+    releases when its holder dies: whoever holds it and still finds the baton knows the builder is gone."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    folder = Path(_get_build_directory(name, verbose=False))
+    baton = folder / "lock"
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): a baton older than any build is taken as stale
+        if baton.exists() and time.time() - baton.stat().st_mtime > STALE_BATON_S:
+            _clear(baton)
+        yield
+        return
+    with open(folder.parent / f"{folder.name}.headway-lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another live builder: wait for it (~30 s)
+        try:
+            if baton.exists():
+                _clear(baton)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
+STALE_BATON_S = 1800.0
+
+
+def _clear(baton: Path) -> None:
+    print(f"headway: removing {baton}, left by a native-kernel build that was killed", file=sys.stderr, flush=True)
+    baton.unlink(missing_ok=True)
 
 
 def _ninja_on_path() -> None:

@@ -27,9 +27,7 @@ class TargetError(HeadwayError, ValueError):
 TARGET_DTYPES = ("float32", "bfloat16", "float16")
 # ``auto``: the model's own dtype (config ``dtype`` / ``torch_dtype``) on CUDA, float32 on CPU.
 DTYPE_CHOICES = (*TARGET_DTYPES, "auto")
-HEADS_DTYPES = ("auto", *TARGET_DTYPES)  # auto: the target's dtype
 LINEAR_KERNELS = ("auto", "stock", "weight-major", "native")  # headway.kernels.KERNELS (a test keeps them equal)
-VERIFY_LOGITS = ("auto", "all")  # Speculator(verify_logits=): on-demand lm_head rows on CPU, or every node's
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 # Spellings load_target also takes from Python callers (the CLI offers TARGET_DTYPES only).
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -119,34 +117,6 @@ class TargetArgs:
         """The ``load_target`` keyword arguments these options ask for (adapter aside)."""
         return {"dtype": self.dtype, "device": self.device, "device_map": self.device_map,
                 "attn_implementation": self.attn_implementation}
-
-
-@dataclass(kw_only=True)
-class DecodeTargetArgs(TargetArgs):
-    """``TargetArgs`` plus the runtime options of the commands that decode (generate, chat, bench,
-    tune): the heads' dtype and the fast path (static KV cache, torch.compile). Exactness holds for
-    every combination; float32 heads and target are what the exactness tests run."""
-
-    heads_dtype: str = opt("auto", "dtype of the heads: auto = the target's (bf16 target -> bf16 heads); float32 "
-                                   "keeps full-precision drafting", choices=HEADS_DTYPES)
-    static_cache: bool = opt(False, "preallocate the target's KV cache (transformers StaticCache, sized prompt + "
-                                    "max_new_tokens + tree); same output, fixed shapes for --compile")
-    compile: bool = opt(False, "torch.compile the target's verify forward and the drafter step (minutes of "
-                               "compilation on first use; pays off on GPUs; implies --static-cache)")
-
-    linear_kernel: str = opt("auto", "CPU kernel of the decoder's few-row linears: auto = measure F.linear, the "
-                                     "weight-major product (W @ x.T) and headway's native kernel (built on first use "
-                                     "where a C++ compiler is) on the models' weights and keep the fastest per row "
-                                     "count; stock = F.linear; weight-major / native = always (output unchanged)",
-                             choices=LINEAR_KERNELS)
-    verify_logits: str = opt("auto", "auto = on CPU a tree's verify forward stops before the lm_head and "
-                                     "projects only the rows verification reads (the accepted path; same "
-                                     "logits); all = project every tree node", choices=VERIFY_LOGITS)
-
-    def runtime_kwargs(self) -> dict[str, Any]:
-        """The ``Speculator`` keyword arguments these options ask for."""
-        return {"heads_dtype": self.heads_dtype, "static_cache": self.static_cache, "compile": self.compile,
-                "linear_kernel": self.linear_kernel, "verify_logits": self.verify_logits}
 
 
 def resolve_target_path(name: str) -> str:

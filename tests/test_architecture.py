@@ -28,8 +28,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "decode": {"config", "target", "heads"},
     "bench": {"config", "target", "data", "heads", "train", "decode", "engines"},
     "engines": {"config", "target"},
-    "demo": {"config", "target", "data", "heads", "train", "decode", "bench", "engines"},
-    "cli": {"config", "target", "data", "heads", "train", "decode", "bench", "engines", "demo"},
+    "adapt": {"config", "target", "data", "heads", "train", "decode"},
+    "demo": {"config", "target", "data", "heads", "train", "decode", "bench", "engines", "adapt"},
+    "cli": {"config", "target", "data", "heads", "train", "decode", "bench", "engines", "adapt", "demo"},
 }
 FOR_EVERY_ROOM = {"ground", "kernels"}
 # One module with one more room than the rest of its room (docs/design.md §2 says why): the
@@ -43,7 +44,7 @@ MODULE_ROOMS = {
                                           "lazy", "sampling", "tokenizer", "optional", "feature_layers", "testing")},
 }
 MODULE_ROOMS["headway"] = MODULE_ROOMS.pop("headway.__init__")
-PACKAGE_ROOMS = ("data", "heads", "train", "decode", "bench", "demo", "engines")
+PACKAGE_ROOMS = ("data", "heads", "train", "decode", "bench", "demo", "engines", "adapt")
 # a string constant naming a headway module: what importlib, __import__ or a lazy table is handed
 MODULE_NAME = re.compile(r"(headway(?:\.\w+)+)(?::\w+(?:\.\w+)*)?")
 

@@ -1,6 +1,6 @@
 """Draft calibration: reliability sums and fitted temperatures (train/calibration.py), stored with
 the heads by training and ``fit_calibration``, and applied by the decoder when it ranks dynamic-tree
-nodes (decode/shapes.py) without changing what it emits."""
+nodes (decode/trees.py) without changing what it emits."""
 
 import json
 import math
@@ -12,7 +12,8 @@ from headway.config import load_config
 from headway.decode import Speculator
 from headway.decode.proposers import make_proposer
 from headway.decode.sampling import SamplingParams
-from headway.decode.shapes import DynamicShape, build_dynamic, depth_temperature
+from headway.decode.shapes import DynamicShape
+from headway.decode.trees import depth_temperature, dynamic_trees
 from headway.heads import Eagle1Drafter, Eagle3Drafter, MedusaHeads, load_heads
 from headway.heads.base import HeadsError
 from headway.testing import save_tiny_target, tiny_target, tiny_tokenizer
@@ -111,7 +112,7 @@ def test_training_stores_calibration_and_fit_calibration_reproduces_it(data, tmp
 
 # -- the decoder ------------------------------------------------------------------------------------
 class FixedProposer:
-    """Depth d's draft distribution: top-1 probability ``p1[d-1]``, the rest spread evenly."""
+    """Depth d's draft distribution: top-1 probability ``p1[d-1]``, the rest spread evenly (one row)."""
 
     max_depth = None
 
@@ -124,13 +125,17 @@ class FixedProposer:
         return p.log()
 
     def root_logprobs(self):
-        return self._logp(1)
+        return self._logp(1)[None]
 
     def expand(self, parent_rows, tokens, depth):
-        return self._logp(depth + 1).expand(tokens.numel(), -1)
+        return self._logp(depth + 1).expand(*tokens.shape, -1)
 
     def to_target_ids(self, ids):
         return ids
+
+
+def build_dynamic(shape, proposer, root):
+    return dynamic_trees([shape], proposer, root.view(1))[0]
 
 
 def test_temperatures_reshape_dynamic_trees():

@@ -36,6 +36,22 @@ def cfg_for(llama_dir, src, out, **kw) -> DistillConfig:
     return DistillConfig(**{**base, **kw})
 
 
+def interrupt_after_one_shard(monkeypatch, run) -> None:
+    """``run()`` a distill that dies (KeyboardInterrupt) as it is about to write its second shard."""
+    real_write, written = distill_mod.write_shard, []
+
+    def write_then_die(folder, j, rows, stats, feats=None):
+        if len(written) == 1:
+            raise KeyboardInterrupt
+        written.append(j)
+        return real_write(folder, j, rows, stats, feats)
+
+    monkeypatch.setattr(distill_mod, "write_shard", write_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    monkeypatch.setattr(distill_mod, "write_shard", real_write)
+
+
 def spans(mask):
     """[(start, end)] of the runs of 1s."""
     out, start = [], None
@@ -200,18 +216,7 @@ def test_a_sampled_run_resumes_to_the_same_dataset(llama_dir, tmp_path, monkeypa
     assert torch.equal(torch.get_rng_state(), rng)  # a user's seeded global RNG is left alone
     greedy_rows = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "greedy"))).to_list()
     assert sum(a["input_ids"] != b["input_ids"] for a, b in zip(full, greedy_rows)) >= 3  # really sampled
-    real_write, written = distill_mod.write_shard, []
-
-    def write_then_die(folder, j, rows, stats, feats=None):
-        if len(written) == 1:
-            raise KeyboardInterrupt
-        written.append(j)
-        return real_write(folder, j, rows, stats, feats)
-
-    monkeypatch.setattr(distill_mod, "write_shard", write_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        distill(cfg_for(llama_dir, src, tmp_path / "part", **cfg))
-    monkeypatch.setattr(distill_mod, "write_shard", real_write)
+    interrupt_after_one_shard(monkeypatch, lambda: distill(cfg_for(llama_dir, src, tmp_path / "part", **cfg)))
     torch.rand(1000)  # whatever else the resuming process drew before: each batch has its own generator
     assert load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "part", **cfg))).to_list() == full
     other = load_distilled(distill(cfg_for(llama_dir, src, tmp_path / "seed6", **{**cfg, "seed": 6}))).to_list()

@@ -9,7 +9,8 @@ from headway.decode import Speculator
 from headway.decode.args import DecodeError
 from headway.decode.cost import best_size, cost_by_size, forward_cost, interpolate
 from headway.decode.proposers import make_proposer
-from headway.decode.shapes import DynamicShape, parse_shape, select_tree
+from headway.decode.shapes import DynamicShape, parse_shape
+from headway.decode.trees import select_tree
 from headway.testing import tiny_target
 
 from test_decode_exact import OracleProposer, make_heads, prompts, reference, tie_free

@@ -9,10 +9,9 @@ import torch
 
 from headway.decode import Speculator
 from headway.decode.args import DecodeError
-from headway.decode.batch_proposers import EagleBatchProposer, RowsProposer, make_batch_proposer
 from headway.decode.layouts import PaddedRows
 from headway.decode.padding import catch_up_visible, first_slots, left_pad, prefill_mask, used_columns
-from headway.decode.proposers import make_proposer
+from headway.decode.proposers import EagleProposer, RowsProposer, make_proposer
 from headway.testing import tiny_target
 
 from test_decode_exact import OracleProposer, make_heads, prompts, reference, tie_free
@@ -135,8 +134,8 @@ def test_visible_gaps_are_caught(llama, batch, monkeypatch):
     ps, refs = batch
     real = PaddedRows.keep
 
-    def leaky(kv, verdicts, lengths, width):
-        real(kv, verdicts, lengths, width)
+    def leaky(kv, *args):
+        real(kv, *args)
         kv.valid[:, -1:] = True  # the last kept tree slot: a gap for rows that accepted less
 
     monkeypatch.setattr(PaddedRows, "keep", leaky)
@@ -147,9 +146,9 @@ def test_visible_gaps_are_caught(llama, batch, monkeypatch):
 
 
 class TwinChecked:
-    """The batched proposer under test, every answer compared with per-row unbatched proposers fed the
-    same inputs (the drafts' float rounding may differ, nothing else); the trees themselves come from
-    per-row oracles, so rows accept 0..depth drafts per step and the drafter's cache gets gaps."""
+    """The proposer of B rows under test, every answer compared with B proposers of one row each fed
+    the same inputs (the drafts' float rounding may differ, nothing else); the trees themselves come
+    from per-row oracles, so rows accept 0..depth drafts per step and the drafter's cache gets gaps."""
 
     def __init__(self, batched, singles, oracles):
         self.b, self.rows, self.orc = batched, RowsProposer(singles), RowsProposer(oracles)
@@ -195,7 +194,7 @@ class TwinChecked:
 def twin_checked(spec, refs, ps, vocab, made):
     def new(n):
         single = oracles(spec, refs, ps, vocab)
-        made.append(TwinChecked(make_batch_proposer(spec.heads, spec.max_depth, spec.calibrate),
+        made.append(TwinChecked(make_proposer(spec.heads, spec.max_depth, spec.calibrate),
                                 [make_proposer(spec.heads) for _ in range(n)], [single() for _ in range(n)]))
         return made[-1]
 
@@ -208,8 +207,8 @@ TWIN_CASES = [(kind, shape) for kind in ("medusa", "eagle1", "eagle3", "dflash")
 
 @pytest.mark.parametrize("kind,shape", TWIN_CASES)
 def test_batched_drafts_equal_unbatched_drafts(llama, batch, kind, shape):
-    """One drafter call per level for all rows answers what each row's own proposer answers, through
-    variable acceptance, gaps, rows leaving the batch (EOS) and a batch of one."""
+    """One drafter call per level for all rows answers what each row's own proposer (a batch of one)
+    answers, through variable acceptance, gaps, rows leaving the batch (EOS) and a batch of one."""
     model, tok = llama
     ps, refs = batch
     eos = refs[1][9]
@@ -238,16 +237,16 @@ def test_a_drafter_that_sees_gaps_is_caught(llama, batch, monkeypatch, leak):
     """The twin check can fail: a drafter mask that lets rows see padding and gap slots while drafting
     (tree), or one that keeps the pad slots of a shorter row's catch-up as real (catch_up), gives
     other log-probs. (A pad query seeing them would not matter: pad queries are never read.)"""
-    from headway.decode import batch_proposers
+    from headway.decode import proposers
 
     model, tok = llama
     ps, refs = batch
     if leak == "tree":
-        real = batch_proposers.after_prefix
-        monkeypatch.setattr(batch_proposers, "after_prefix", lambda valid, new: real(torch.ones_like(valid), new))
+        real = proposers.after_prefix
+        monkeypatch.setattr(proposers, "after_prefix", lambda valid, new: real(torch.ones_like(valid), new))
     else:
-        real = batch_proposers.first_slots
-        monkeypatch.setattr(batch_proposers, "first_slots", lambda counts, dev: torch.ones_like(real(counts, dev)))
+        real = proposers.first_slots
+        monkeypatch.setattr(proposers, "first_slots", lambda counts, dev: torch.ones_like(real(counts, dev)))
     spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4", batch_policy="always")
     spec.new_batch_proposer = twin_checked(spec, refs, ps, model.config.vocab_size, [])
     with pytest.raises(AssertionError, match="row log-probs differ"):
@@ -297,19 +296,20 @@ def test_catch_up_visibility_and_columns():
 
 
 def test_generate_batch_drafts_in_one_call_per_level(llama, batch, monkeypatch):
-    """The default batched proposer is the batched one (not row by row), and the A/B switch works."""
+    """The default proposer drafts all rows in one call (not row by row), and the A/B switch works."""
     model, tok = llama
     ps, refs = batch
     calls = []
-    real = EagleBatchProposer.expand
-    monkeypatch.setattr(EagleBatchProposer, "expand", lambda self, *a: calls.append(a[1].shape) or real(self, *a))
+    real = EagleProposer.expand
+    monkeypatch.setattr(EagleProposer, "expand", lambda self, *a: calls.append(a[1].shape) or real(self, *a))
     spec = Speculator(model, tok, make_heads("eagle1", model), tree="chain-4", batch_policy="always")
     out = spec.generate_batch(ps, max_new_tokens=6)
     assert calls and all(shape == (len(ps), 1) for shape in calls[:3])  # all rows in one call per level
     assert [r.ids for r in out.rows] == [r[:6] for r in refs]
-    assert isinstance(spec.new_batch_proposer(2), EagleBatchProposer)
-    assert isinstance(spec.new_batch_proposer(1), RowsProposer)  # one row: the unbatched proposer's fast path
+    assert isinstance(spec.new_batch_proposer(2), EagleProposer)
+    assert isinstance(spec.new_batch_proposer(1), EagleProposer)  # a batch of one is a batch
     spec.batched_drafting = False
     calls.clear()
     assert isinstance(spec.new_batch_proposer(2), RowsProposer)
-    assert [r.ids for r in spec.generate_batch(ps, max_new_tokens=6).rows] == [r[:6] for r in refs] and not calls
+    assert [r.ids for r in spec.generate_batch(ps, max_new_tokens=6).rows] == [r[:6] for r in refs]
+    assert calls and all(shape == (1, 1) for shape in calls)  # row by row: a batch of one per call

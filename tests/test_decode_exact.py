@@ -83,19 +83,21 @@ def reference(model, ids, max_new):
 
 class OracleProposer:
     """Drafts the reference continuation at rank 0 most of the time (else at rank 1), so that trees
-    are accepted in part, in full, or not at all: every acceptance path of the verifier is exercised."""
+    are accepted in part, in full, or not at all: every acceptance path of the verifier is exercised.
+    A proposer of one row (a batch of several gets one per row: ``RowsProposer``)."""
 
     def __init__(self, inner, ref_full, prompt_len, vocab, seed=0):
         self.inner, self.ref, self.n, self.V = inner, ref_full, prompt_len, vocab
         self.max_depth = inner.max_depth
         self.feature_layers = inner.feature_layers
+        self.draft_vocab_size, self.temperatures = None, None
         self.g = torch.Generator().manual_seed(seed)
 
-    def prefill(self, input_ids, features, first):
-        self.root_pos = input_ids.shape[1]
+    def prefill(self, tokens, valid, position_ids, features, first):
+        self.root_pos = tokens.shape[1]
 
-    def accept(self, tokens, features, start):
-        self.root_pos = start + tokens.numel() - 1
+    def accept(self, paths, features, starts):
+        self.root_pos = starts[0] + paths[0].numel() - 1
 
     def _dist(self, depth):
         pos = self.root_pos + depth - self.n  # index into the generated continuation
@@ -109,12 +111,15 @@ class OracleProposer:
         return logp.log_softmax(-1)
 
     def root_logprobs(self):
-        return self._dist(1)
+        return self._dist(1)[None]
 
     def expand(self, parent_rows, tokens, depth):
-        return self._dist(depth + 1).expand(tokens.numel(), -1)
+        return self._dist(depth + 1).expand(*tokens.shape, -1)
 
     def end_tree(self):
+        pass
+
+    def select(self, keep):
         pass
 
     def to_target_ids(self, ids):

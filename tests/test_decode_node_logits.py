@@ -82,7 +82,10 @@ def test_walk_verdict_equals_the_vectorised_one():
         for i in range(1, parents.numel()):  # plant agreement often, so that long paths are accepted
             if torch.rand((), generator=g) < 0.6:
                 logits[parents[i], tokens[i]] = 10.0 + torch.rand((), generator=g)
-        want = verify_greedy(tokens, b, logits)
+        want = verify_greedy(tokens[None], b.parents[None], b.retrieve[None], logits[None])[0]
+        bound = TreeBuffers.build(parents, levels=int(b.depth.max()) + 1)  # every node's path, a deeper bound
+        also = verify_greedy(tokens[None], bound.parents[None], bound.retrieve[None], logits[None])[0]
+        assert also.nodes.tolist() == want.nodes.tolist() and int(also.bonus) == int(want.bonus), trial
         lazy = NodeLogits(b, hidden=logits, head=nn.Identity())
         got = verify_greedy_walk(tokens, b, lazy)
         assert got.nodes.tolist() == want.nodes.tolist() and int(got.bonus) == int(want.bonus), trial

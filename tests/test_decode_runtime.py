@@ -14,7 +14,8 @@ from headway.decode.args import DecodeError
 from headway.decode.kv import in_place, keep_accepted, new_cache, static_length, tree_mask
 from headway.decode.proposers import make_proposer
 from headway.decode.tree import additive_mask
-from headway.target import DecodeTargetArgs, TargetError, load_dtype, load_target, parse_device_map
+from headway.decode.args import DecodeTargetArgs
+from headway.target import TargetError, load_dtype, load_target, parse_device_map
 from headway.testing import tiny_target
 
 HEAD_KINDS = ["medusa", "eagle1", "eagle3", "dflash", "medusa-vocab"]

@@ -3,8 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headway.decode.shapes import MC_SIM_7B_63, StaticShape, chain, from_accuracies, mc_sim_7b_63
-from headway.decode.tree import (ancestor_mask, check_parents, retrieve_indices, tree_attention_mask, tree_depth,
-                                 tree_position_ids)
+from headway.decode.tree import (TreeBuffers, ancestor_mask, check_parents, retrieve_indices, root_paths,
+                                 tree_attention_mask, tree_depth, tree_position_ids)
 
 
 @st.composite
@@ -75,6 +75,23 @@ def test_retrieve_paths_are_root_to_leaf_paths(parents):
             path.append(p[path[-1]])
         expected.append(path[::-1])
     assert sorted(got) == sorted(expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(trees(), st.integers(0, 3))
+def test_buffers_built_with_a_depth_bound_need_no_host_read_and_agree(parents, extra):
+    """With a bound on the depth known ahead (a step's dynamic tree), the same depths and ancestors;
+    ``root_paths`` holds every node's path, the leaves' rows being the root-to-leaf paths."""
+    exact = TreeBuffers.build(parents)
+    levels = exact.max_depth + extra
+    bound = TreeBuffers.build(parents, levels)
+    assert torch.equal(bound.depth, exact.depth) and torch.equal(bound.visible, exact.visible)
+    assert bound.retrieve.shape == (parents.numel(), levels + 1)
+    rows = {tuple(x for x in row if x >= 0) for row in bound.retrieve.tolist()}
+    for i, row in enumerate(root_paths(parents, exact.depth, levels).tolist()):
+        path = [x for x in row if x >= 0]
+        assert path[-1] == i and set(path) == ancestors_by_walking(parents.tolist(), i)
+    assert {tuple(x for x in row if x >= 0) for row in exact.retrieve.tolist()} <= rows
 
 
 def test_check_parents_rejects_bad_trees():

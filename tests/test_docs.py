@@ -15,9 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # the README, everything under docs/, and each top-level folder's README
 DOCS = ["README.md"] + sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")) + sorted(
     p.relative_to(ROOT).as_posix() for p in ROOT.glob("*/README.md") if not p.parts[-2].startswith((".", "headway")))
-# documents whose backticked script names resolve against their folder or the root (design.md and
-# interop.md name package-relative modules and engines' files)
-SCRIPT_DOCS = [d for d in DOCS if d not in ("docs/design.md", "docs/interop.md", "configs/README.md")]
+# documents whose backticked script names resolve against their folder or the root (design.md,
+# interop.md and peagle.md name package-relative modules and engines' files)
+SCRIPT_DOCS = [d for d in DOCS if d not in ("docs/design.md", "docs/interop.md", "docs/peagle.md",
+                                             "configs/README.md")]
 README_MAX_LINES = 250
 # a repository path: docs/..., configs/..., benchmarks/..., tests/..., headway/..., .ci/...
 _PATH = re.compile(r"(?<![\w./-])((?:docs|configs|benchmarks|tests|headway|\.ci)/[\w./{},-]*)")

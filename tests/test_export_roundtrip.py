@@ -11,7 +11,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from headway.cli import main
-from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsError, MedusaHeads
+from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsError, MedusaHeads, PEagleDrafter
 from headway.heads.export import EXPORTERS, ExportError, export_heads
 from headway.heads.hub import HubError, push_heads
 from headway.heads.importers import import_heads
@@ -44,7 +44,10 @@ def make(kind: str, target, draft_vocab: bool):
     if kind == "dflash":
         return randomized(DFlashDrafter.for_target(target, mask_token_id=4, block_size=4, aux_layers=[1, 3],
                                                    draft_vocab=ids if draft_vocab else None))
-    heads = randomized(Eagle3Drafter.for_target(target, draft_vocab_size=100, aux_layers=[1, 2, 3]))
+    if kind == "peagle":
+        heads = randomized(PEagleDrafter.for_target(target, draft_vocab_size=100, aux_layers=[1, 2, 3], num_layers=2))
+    else:
+        heads = randomized(Eagle3Drafter.for_target(target, draft_vocab_size=100, aux_layers=[1, 2, 3]))
     heads.set_draft_vocab(ids)
     return heads
 
@@ -53,7 +56,9 @@ def make(kind: str, target, draft_vocab: bool):
 CASES = [("medusa", "vllm", False), ("medusa", "vllm", True), ("medusa", "trtllm", False),
          ("eagle1", "vllm", False), ("eagle1", "sglang", False),
          ("eagle3", "vllm", True), ("eagle3", "sglang", True), ("eagle3", "trtllm", True),
-         ("eagle3", "speculators", True), ("dflash", "vllm", False), ("dflash", "speculators", True)]
+         ("eagle3", "speculators", True), ("dflash", "vllm", False), ("dflash", "speculators", True),
+         ("peagle", "vllm", True), ("peagle", "speculators", True)]
+NO_PROPOSER_YET = {"peagle"}  # #62 phase 2 adds its decoder; tests/test_export_peagle.py compares its drafts
 
 
 def test_the_cases_cover_every_exporter():
@@ -79,7 +84,8 @@ def test_export_then_import_gives_the_same_heads(target_and_tok, tmp_path, kind,
     assert set(theirs) == set(mine)  # SGLang's zero fc.bias (= none) is dropped again
     for k, v in mine.items():
         assert torch.equal(theirs[k], v), k
-    assert decode(target, tok, back) == decode(target, tok, heads)  # the same heads decode alike, end to end
+    if kind not in NO_PROPOSER_YET:
+        assert decode(target, tok, back) == decode(target, tok, heads)  # the same heads decode alike, end to end
 
 
 NORMS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}  # speculators' defaults

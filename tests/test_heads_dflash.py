@@ -99,20 +99,25 @@ def test_incremental_context_equals_a_fresh_prefill(llama, vocab):
     p = make_proposer(d)
     assert isinstance(p, DFlashProposer) and p.max_depth == 3
     with torch.no_grad():
-        p.prefill(torch.tensor([ids[:10]]), [f[:, :10] for f in feats], torch.tensor(ids[10]))
+        prefill(p, ids[:10], [f[:, :10] for f in feats], ids[10])
         p.root_logprobs()
         twin = p.fork()
-        p.accept(torch.tensor(ids[10:15]), [f[0, 10:14] for f in feats], 10)  # root 10, 3 accepted, bonus 14
-        p.accept(torch.tensor(ids[14:16]), [f[0, 14:15] for f in feats], 14)  # nothing accepted, bonus 15
+        p.accept([torch.tensor(ids[10:15])], [[f[0, 10:14] for f in feats]], [10])  # root 10, 3 accepted, bonus 14
+        p.accept([torch.tensor(ids[14:16])], [[f[0, 14:15] for f in feats]], [14])  # nothing accepted, bonus 15
         fresh = make_proposer(d)
-        fresh.prefill(torch.tensor([ids[:15]]), [f[:, :15] for f in feats], torch.tensor(ids[15]))
+        prefill(fresh, ids[:15], [f[:, :15] for f in feats], ids[15])
         torch.testing.assert_close(p.root_logprobs(), fresh.root_logprobs())
-        torch.testing.assert_close(p.expand(torch.zeros(2, dtype=torch.long), torch.tensor([1, 2]), 2),
-                                   fresh.logp[2].expand(2, -1))
-        assert twin.length == 10  # a fork is independent of later steps
-        with pytest.raises(RuntimeError, match="holds 15 positions"):
-            p.accept(torch.tensor([1, 2]), [f[0, :1] for f in feats], 20)
-    assert p.root_logprobs().shape == (d.draft_vocab_size,)
+        torch.testing.assert_close(p.expand(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[1, 2]]), 2),
+                                   fresh.logp[:, 2, None].expand(1, 2, -1))
+        assert twin.base.tolist() == [10] and p.base.tolist() == [15]  # a fork is independent of later steps
+    assert p.root_logprobs().shape == (1, d.draft_vocab_size)
+
+
+def prefill(p, ids, feats, first):
+    """A batch of one prompt (no padding)."""
+    tokens = torch.tensor([ids])
+    p.prefill(tokens, torch.ones_like(tokens, dtype=torch.bool), torch.arange(len(ids))[None], feats,
+              torch.tensor([first]))
 
 
 def test_save_load_round_trip_and_refusals(llama, tmp_path):
@@ -171,12 +176,13 @@ def test_path_correction_starts_as_the_block_then_reads_the_path(llama, tmp_path
         assert not torch.allclose(want, torch.log_softmax(d.logits(out).float(), dim=-1)[0], atol=1e-3)
 
         p = DFlashProposer(d)
-        p.prefill(torch.tensor([ids[:a]]), feats, torch.tensor(ids[a]))
-        torch.testing.assert_close(p.root_logprobs(), want[0], rtol=1e-5, atol=1e-5)
+        prefill(p, ids[:a], feats, ids[a])
+        torch.testing.assert_close(p.root_logprobs()[0], want[0], rtol=1e-5, atol=1e-5)
         twin = p.fork()
-        torch.testing.assert_close(p.expand(torch.tensor([0]), parents[0, 1:2], 1)[0], want[1], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(p.expand(torch.tensor([0]), parents[0, 2:3], 2)[0], want[2], rtol=1e-5, atol=1e-5)
-        other = twin.expand(torch.tensor([0]), torch.tensor([ids[a + 1] + 1]), 1)[0]  # another parent token
+        one = torch.zeros(1, 1, dtype=torch.long)
+        torch.testing.assert_close(p.expand(one, parents[:, 1:2], 1)[0, 0], want[1], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(p.expand(one, parents[:, 2:3], 2)[0, 0], want[2], rtol=1e-5, atol=1e-5)
+        other = twin.expand(one, torch.tensor([[ids[a + 1] + 1]]), 1)[0, 0]  # another parent token
         assert not torch.allclose(other, want[1], atol=1e-3)
 
     path = d.save_pretrained(tmp_path / "corr")

@@ -2,8 +2,12 @@
 only where it fits, is picked by the probe where it is fastest, is refused by name where it cannot
 be built, and keeps tree decoding exact."""
 
+import os
 import platform
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -225,3 +229,30 @@ def test_no_compiler_is_one_line_and_auto_goes_on_with_stock_kernels(monkeypatch
         assert len(lines) == 1 and "install a C++ compiler" in lines[0] and why in lines[0]
     finally:
         native._build.cache_clear()
+
+
+def test_a_baton_left_by_a_killed_build_is_cleared(tmp_path, monkeypatch):
+    """A build killed mid-way leaves torch's ``lock`` file; without headway's lock every later build waits
+    on it forever (a CI run hung in every test's setup this way)."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    from torch.utils.cpp_extension import _get_build_directory
+
+    folder = Path(_get_build_directory("headway_probe", verbose=False))
+    (folder / "lock").touch()
+    with native.build_lock("headway_probe"):
+        assert not (folder / "lock").exists()
+    assert folder.is_dir()
+
+
+def test_the_kernel_loads_past_a_stale_baton_in_a_fresh_process(built, tmp_path):
+    """The cached build copied beside a stale baton: a new process loads it instead of hanging."""
+    cached = Path(native._build()[0].__file__).parent.parent  # torch's cache, where the built kernel lies
+    for folder in [p for p in cached.glob("headway_fewrow_*") if any(p.glob("*.so"))]:
+        shutil.copytree(folder, tmp_path / "py" / folder.name)
+        (tmp_path / "py" / folder.name / "lock").touch()
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "py")}
+    run = subprocess.run([sys.executable, "-c", "from headway import native; print(native.native_kernel())"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "(True, '')" in run.stdout
+    assert "left by a native-kernel build that was killed" in run.stderr

@@ -53,7 +53,8 @@ SMOLLM2 = [
     ("distill", "smollm2/distill-heldout.yaml"), ("features", "smollm2/features-heldout.yaml"),
     ("train", "smollm2/eagle3.yaml"), ("train", "smollm2/eagle3-3k.yaml"), ("train", "smollm2/eagle3-3k-e3.yaml"),
     ("train", "smollm2/eagle1.yaml"), ("train", "smollm2/medusa.yaml"), ("train", "smollm2/dflash.yaml"),
-    ("train", "smollm2/eagle3-1k5.yaml"), ("train", "smollm2/dflash-1k5.yaml"),
+    ("train", "smollm2/eagle3-1k5.yaml"), ("adapt", "smollm2/adapt.yaml"), ("train", "smollm2/dflash-1k5.yaml"),
+    ("train", "smollm2/peagle-1k5.yaml"), ("train", "smollm2/dspark-1k5.yaml"),
     ("train", "smollm2/eagle3-6k.yaml"), ("train", "smollm2/dflash-6k.yaml"),
     ("prompts", "smollm2/prompts.yaml"), ("distill", "smollm2/distill-self.yaml"),
     ("features", "smollm2/features-self.yaml"), ("merge", [f"{F}-6k", f"{F}-self", "--output", f"{F}-10k"]),
@@ -67,7 +68,8 @@ SMOLLM2 = [
 ]
 STEPS: dict[str, list[tuple]] = {  # (command, recipe or argv[, extra overrides])
     "demo": [("distill", "demo/distill.yaml"), ("train", "demo/medusa.yaml"), ("train", "demo/eagle1.yaml"),
-             ("train", "demo/eagle3.yaml"), ("train", "demo/dflash.yaml")],
+             ("train", "demo/eagle3.yaml"), ("adapt", "demo/adapt.yaml"), ("train", "demo/dflash.yaml"),
+             ("train", "demo/peagle.yaml"), ("train", "demo/dspark.yaml")],
     "smollm2": SMOLLM2,
     "llama3.1-8b": [("distill", "llama3.1-8b/distill.yaml"), ("train", "llama3.1-8b/eagle3.yaml"),
                     ("train", "llama3.1-8b/medusa2.yaml")],
@@ -109,9 +111,12 @@ def toy_overrides(command: str, recipe: dict[str, Any], target: Path, vllm: Path
         return out
     if command == "prompts":
         return [f"target={target}", "num=2", "batch_size=16", "max_new_tokens=16", "min_chars=4"]
+    if command == "adapt":  # the recipe's target is a fine-tune the benchmark script makes
+        return [f"target={target}", "num_prompts=6", "distill.max_new_tokens=8", "distill.batch_size=6",
+                "train.max_steps=1", "train.batch_size=2", "gate.max_new_tokens=8"]
     if command == "train":
         out = [f"target={target}", "max_steps=1", "batch_size=2", "eval_max_batches=1", "log_every=1"]
-        for section in ("eagle", "medusa", "dflash"):
+        for section in ("eagle", "medusa", "dflash", "peagle"):
             if (recipe.get(section) or {}).get("draft_vocab_size"):
                 out.append(f"{section}.draft_vocab_size={TOY_DRAFT_VOCAB}")
         return out

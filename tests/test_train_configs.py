@@ -18,6 +18,7 @@ PREFIXES = {
     "distill": "headway.data.distill:DistillConfig",
     "features": "headway.data.features:FeaturesConfig",
     "prompts": "headway.data.self_prompts:PromptsConfig",
+    "adapt": "headway.adapt.configs:AdaptConfig",
 }
 TRAIN = "headway.train.config:TrainConfig"
 

@@ -11,16 +11,14 @@ from headway.config import ConfigError, load_config
 from headway.heads import DFlashDrafter, load_heads
 from headway.target import load_target
 from headway.testing import save_tiny_target
-from headway.train.batch import collate, target_batch
 from headway.train.config import TrainConfig
 from headway.train.blocks import (accepted_at_every_anchor, anchor_candidates, block_mask, block_predictions,
                                   decoder_anchors, row_draws, select_anchors, slot_labels)
 from headway.train.dflash import DFlashTask, least_used_token
-from headway.train.eagle import feature_batch
 from headway.train.recipe import fit, train
 
 from test_eagle_train import greedy_text  # noqa: F401  (the fixture: text the tiny target writes greedily)
-from train_utils import distilled_rows, save_rows
+from train_utils import distilled_rows, online_and_offline_losses, save_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -209,39 +207,10 @@ def test_resume_reproduces_the_uninterrupted_run(setup, tmp_path):
 
 @pytest.mark.parametrize("vocab,argmax_from", [(None, "logits"), (128, "logits")])
 def test_online_and_offline_features_give_identical_losses(setup, tmp_path, vocab, argmax_from):
-    from datasets import load_from_disk
-
-    from headway.data.features import FeatureStore, FeaturesConfig, features
-
     _, target_dir, data = setup
-    target, _ = load_target(str(target_dir), device="cpu")
     cfg = config(setup, tmp_path, **{"dflash.draft_vocab_size": vocab, "dflash.argmax_from": argmax_from})
-    store = FeatureStore(features(FeaturesConfig(dataset=str(data), output=str(tmp_path / "feat"),
-                                                 layers=["dflash", "final"], store_dtype="float32",
-                                                 target=str(target_dir), batch_size=4, shard_size=16)))
-    rows = load_from_disk(str(data)).to_list()
-
-    def run(source: str) -> list[float]:
-        torch.manual_seed(0)
-        task = DFlashTask(cfg)
-        heads = task.build(target)
-        opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
-        out = []
-        for step in range(3):
-            idx = list(range(4 * step, 4 * step + 4))
-            if source == "online":
-                tb = target_batch(target, collate([rows[i] for i in idx]), task.feature_layers(heads), True)
-            else:
-                tb = feature_batch([store[i] for i in idx], task.feature_layers(heads),
-                                   task.stored_logits(heads, target.get_output_embeddings()))
-            loss, _ = task.loss(heads, tb, step)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            out.append(loss.item())
-        return out
-
-    online, offline = run("online"), run("offline")
+    online, offline = online_and_offline_losses(DFlashTask, cfg, target_dir, data, tmp_path / "feat",
+                                                ["dflash", "final"])
     assert online[-1] != online[0]
     torch.testing.assert_close(torch.tensor(offline), torch.tensor(online), rtol=1e-5, atol=1e-5)
 

@@ -63,3 +63,43 @@ def records(out: Path) -> list[dict]:
     import json
 
     return [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+
+
+def online_and_offline_losses(task_class: Any, cfg: Any, target_dir: Path, data: Path, features_dir: Path,
+                              layers: list[str], steps: int = 3) -> tuple[list[float], list[float]]:
+    """A task's losses over ``steps`` optimiser steps of 4 rows, from the same initial heads, with the
+    target running (online) and on the features ``headway features`` stores at ``layers`` (offline)."""
+    from datasets import load_from_disk
+
+    from headway.data.features import FeatureStore, FeaturesConfig, features
+    from headway.target import load_target
+    from headway.train.batch import collate, target_batch
+    from headway.train.eagle import feature_batch
+
+    target, _ = load_target(str(target_dir), device="cpu")
+    store = FeatureStore(features(FeaturesConfig(dataset=str(data), output=str(features_dir), layers=layers,
+                                                 store_dtype="float32", target=str(target_dir), batch_size=4,
+                                                 shard_size=16)))
+    rows = load_from_disk(str(data)).to_list()
+
+    def run(source: str) -> list[float]:
+        torch.manual_seed(0)
+        task = task_class(cfg)
+        heads = task.build(target)
+        opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
+        out = []
+        for step in range(steps):
+            idx = list(range(4 * step, 4 * step + 4))
+            if source == "online":
+                tb = target_batch(target, collate([rows[i] for i in idx]), task.feature_layers(heads), True)
+            else:
+                tb = feature_batch([store[i] for i in idx], task.feature_layers(heads),
+                                   task.stored_logits(heads, target.get_output_embeddings()))
+            loss, _ = task.loss(heads, tb, step)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
+
+    return run("online"), run("offline")

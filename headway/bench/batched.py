@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from ..hardware import sync
 from ..kernels import LinearKernels
 from .configs import BenchConfig
 from .methods import HeadwayMethod, HFMethod, stop_ids_of
@@ -41,22 +42,18 @@ def batches(n_prompts: int, size: int) -> list[list[int]]:
     return [[(k * size + j) % n_prompts for j in range(size)] for k in range(count)]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def run_hf(target: nn.Module, rows: Sequence[list[int]], max_new: int, stops: Sequence[int], pad: int,
            temperature: float = 0.0, seed: int = 0, kernels: LinearKernels | None = None) -> BatchRun:
     from ..data.generation import SamplingSettings, generate_batch
 
     dev = next(target.parameters()).device
-    _sync(dev)
+    sync(dev)
     t = time.perf_counter()
     with kernels() if kernels is not None else contextlib.nullcontext():
         answers = generate_batch(target, rows, SamplingSettings(temperature, 1.0, 0, max_new), stops, pad,
                                  seed=seed if temperature > 0 else None)
-    _sync(dev)
+    sync(dev)
     ids = [a.tokens for a in answers]
     return BatchRun(ids, time.perf_counter() - t, sum(len(r) for r in ids))
 
@@ -64,10 +61,10 @@ def run_hf(target: nn.Module, rows: Sequence[list[int]], max_new: int, stops: Se
 def run_headway(method: HeadwayMethod, rows: Sequence[list[int]], max_new: int, temperature: float = 0.0,
                 seed: int = 0) -> BatchRun:
     dev = method.speculator.device
-    _sync(dev)
+    sync(dev)
     t = time.perf_counter()
     out = method.speculator.generate_batch(list(rows), max_new_tokens=max_new, temperature=temperature, seed=seed)
-    _sync(dev)
+    sync(dev)
     seconds = time.perf_counter() - t
     return BatchRun([r.ids for r in out.rows], seconds, sum(r.stats.target_forwards + 1 for r in out.rows))
 

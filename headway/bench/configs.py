@@ -12,8 +12,7 @@ from typing import Any
 
 from ..config import ConfigError, opt
 from ..data.plans import PROMPT_FORMATS
-from ..target import VERIFY_LOGITS, DecodeTargetArgs
-from ..decode.args import check_decode_args
+from ..decode.args import VERIFY_LOGITS, DecodeTargetArgs, check_decode_args
 
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..config import ConfigError, opt
 from ..data.plans import PROMPT_FORMATS
-from ..target import DecodeTargetArgs
+from ..decode.args import DecodeTargetArgs
 from .configs import OPTIONAL_BASELINES, BenchConfig
 from .suites import SUITES
 

@@ -26,6 +26,7 @@ from torch import nn
 from transformers import Cache
 
 from ..heads.layers import DraftCache
+from ..hardware import sync
 from ..kernels import LinearKernels
 from ..heads.metadata import calibration_temperatures
 from ..decode.shapes import DynamicShape, TreeShape, is_top1_chain
@@ -92,10 +93,6 @@ def cache_bytes(cache: Cache | DraftCache) -> int:
     return total
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 class Probe:
     """Forward hooks on the target and the drafter modules, nesting-aware: only the outermost
@@ -127,7 +124,7 @@ class Probe:
 
     def _enter(self, kind: str, forward: bool = True) -> None:
         if self.depth == 0:
-            _sync(self.device)
+            sync(self.device)
             self.kind, self.started = kind, time.perf_counter()
             self.target_forwards += kind == "target" and forward
         self.depth += 1
@@ -136,7 +133,7 @@ class Probe:
         self.depth -= 1
         if self.depth > 0:
             return
-        _sync(self.device)
+        sync(self.device)
         self.time[self.kind] += time.perf_counter() - self.started
         seen = (getattr(out, "cache", None), *args, *kwargs.values())
         caches = [a for a in seen if isinstance(a, (Cache, DraftCache))]
@@ -156,10 +153,10 @@ def timed_run(method: Method, ids: list[int], max_new_tokens: int, temperature: 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     try:
-        _sync(dev)
+        sync(dev)
         t0 = time.perf_counter()
         out = method.generate(ids, max_new_tokens, temperature, seed)
-        _sync(dev)
+        sync(dev)
         seconds = time.perf_counter() - t0
     finally:
         probe.close()

@@ -31,10 +31,11 @@ from ..publish import check_output_path, write_text
 from .configs import TuneConfig  # noqa: F401  (re-exported; light, for --help)
 from ..decode.cost import forward_cost, interpolate
 from ..decode.sampling import SamplingParams
-from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, build_tree, chain, fork, from_accuracies,
-                             is_fork, is_top1_chain, mc_sim_7b_63)
+from ..decode.shapes import (DynamicShape, StaticShape, TreeShape, chain, fork, from_accuracies, is_fork,
+                             is_top1_chain, mc_sim_7b_63)
 from ..decode.speculator import Speculator
 from ..decode.step import verify_row
+from ..decode.trees import build_trees
 
 
 def shape_spec(shape: TreeShape) -> str:
@@ -90,12 +91,12 @@ def measure_acceptance(spec: Speculator, prompts: list[Any], depth: int, ranks: 
 def draft_cost(spec: Speculator, shape: TreeShape, prompt: Any, repeats: int = 5) -> float:
     """Median seconds to draft one tree of ``shape`` after a prefill."""
     state = spec.start(spec.encode(prompt), SamplingParams(), torch.Generator())
-    proposer = state.proposer.rows[0]  # one prompt: its own (unbatched) proposer
+    proposer, root = state.proposer, torch.tensor(state.rows[0].emitted[-1:], device=spec.device)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         with spec.kernels():
-            build_tree(shape, proposer, torch.tensor(state.rows[0].emitted[-1], device=spec.device))
+            build_trees([shape], proposer, root)
         proposer.end_tree()
         times.append(time.perf_counter() - t)
     return statistics.median(times)

@@ -49,6 +49,12 @@ class DistillConfig(TargetArgs):
     top_p: float = opt(1.0, "nucleus sampling threshold (1 = off)")
     top_k: int = opt(0, "top-k sampling (0 = off)")
     seed: int = opt(0, "seed for sampling and the demo prompts")
+    samples_per_prompt: int = opt(1, "answers sampled per prompt (needs temperature > 0): answer s of prompt i is "
+                                     "row i * N + s, with the prompt's id and its sample index s (column 'sample'), "
+                                     "seeded like every sampled row by the seed and its place (per batch with hf, per "
+                                     "row with vllm), so a resumed run redraws it. limit counts prompts (N answers "
+                                     "to limit / N prompts cost what one answer to limit prompts does), "
+                                     "shard_size rows")
     batch_size: int = opt(8, "prompts per generate() call")
     shard_size: int = opt(256, "prompts per shard (the unit of resumption)")
     skip_bad_rows: bool = opt(False, "skip malformed rows (and report how many) instead of stopping")
@@ -76,7 +82,10 @@ class DistillConfig(TargetArgs):
         super().__post_init__()
         parse_sources(self.source)  # a bad spec fails here, before the target loads
         check_numbers(self, "", {"batch_size": ">= 1", "shard_size": ">= 1", "max_prompt_tokens": ">= 1",
-                                 "prompt_tokens": ">= 1", "limit": ">= 1", "skip": ">= 0"})
+                                 "prompt_tokens": ">= 1", "limit": ">= 1", "skip": ">= 0", "samples_per_prompt": ">= 1"})
+        if self.samples_per_prompt > 1 and self.temperature == 0:
+            raise DataError(f"samples_per_prompt {self.samples_per_prompt} at temperature 0 would write the same "
+                            "greedy answer every time; set --temperature > 0 (e.g. 1.0)")
         if self.engine == "vllm" and self.adapter:
             raise DataError("--engine vllm cannot apply a PEFT adapter (--adapter); merge it into the target "
                             "first, or use --engine hf")
@@ -103,13 +112,18 @@ class FeaturesConfig(TargetArgs):
                                  "depth); training reads 'final' for Medusa / EAGLE-1 and for every drafter's "
                                  "soft labels, so EAGLE-3 wants 'eagle3 final' and DFlash 'dflash final'")
     store_dtype: str = opt("bfloat16", "dtype of the stored features", choices=STORE_DTYPE_NAMES)
+    topk_logits: int = opt(0, "also store the target's K largest logits (float32 values, sorted, and their int32 "
+                              "token ids) at every position whose next token is an answer token, K = this (e.g. "
+                              "64; 512 bytes a token): training reads them with eagle.soft_labels / "
+                              "dflash.soft_labels=stored_topk instead of projecting 'final' through the lm_head "
+                              "each step; 0 = none")
     batch_size: int = opt(8, "rows per forward pass")
     shard_size: int = opt(512, "rows per shard (the unit of resumption)")
     limit: int | None = opt(None, "use only the first N rows of the dataset")
     overwrite: bool = opt(False, "delete the output folder first")
 
     def __post_init__(self) -> None:  # no super(): the target may be left to the dataset's record
-        check_numbers(self, "", {"batch_size": ">= 1", "shard_size": ">= 1", "limit": ">= 1"})
+        check_numbers(self, "", {"batch_size": ">= 1", "shard_size": ">= 1", "limit": ">= 1", "topk_logits": ">= 0"})
 
 
 @dataclass

@@ -15,7 +15,8 @@ pass over the finished rows that ``headway features`` makes is saved.
 
 Rows: ``index`` (position in the prompt stream), ``id`` (the source row's id), ``input_ids``,
 ``loss_mask`` (1 exactly on the tokens the target wrote, its stop token included),
-``finish_reason`` (``stop`` or ``length``). Several processes (``accelerate launch``) split the
+``finish_reason`` (``stop`` or ``length``); with ``samples_per_prompt`` N > 1, answer s to prompt i
+is row ``index`` i * N + s and carries ``sample`` s. Several processes (``accelerate launch``) split the
 shards; the result equals a single-process run.
 
 The answers come from an engine (``cfg.engine``, a ``generation.Generate``): transformers in this
@@ -82,8 +83,9 @@ class Conversation:
         self.loss_mask += [int(written_by_target)] * len(ids)
 
     def row(self) -> dict[str, Any]:
-        return {"index": self.plan.index, "id": self.plan.sample.id, "input_ids": self.input_ids,
-                "loss_mask": self.loss_mask, "finish_reason": self.finish_reason}
+        row = {"index": self.plan.index, "id": self.plan.sample.id, "input_ids": self.input_ids,
+               "loss_mask": self.loss_mask, "finish_reason": self.finish_reason}
+        return row if self.plan.answer is None else {**row, "sample": self.plan.answer}
 
 
 def batch_seed(seed: int, first_index: int, turn: int) -> int:
@@ -167,11 +169,13 @@ def length_batches(plans: list[Plan], batch_size: int) -> list[list[int]]:
     return [order[b: b + batch_size] for b in range(0, len(order), batch_size)]
 
 
-def row_features() -> Any:
+def row_features(sampled: bool = False) -> Any:
+    """The rows' columns; ``sampled``: several answers per prompt, each row naming its ``sample``."""
     from datasets import Features, Sequence, Value
 
     return Features({"index": Value("int64"), "id": Value("string"), "input_ids": Sequence(Value("int32")),
-                     "loss_mask": Sequence(Value("int8")), "finish_reason": Value("string")})
+                     "loss_mask": Sequence(Value("int8")), "finish_reason": Value("string"),
+                     **({"sample": Value("int32")} if sampled else {})})
 
 
 def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardStats,
@@ -183,7 +187,7 @@ def write_shard(folder: Path, j: int, rows: list[dict[str, Any]], stats: ShardSt
     final = folder / shard_name(j)
     with publishing(final) as tmp:
         if rows:  # datasets can neither write nor read back an empty list: finish skips a shard of no rows
-            Dataset.from_list(rows, features=row_features()).save_to_disk(str(tmp))
+            Dataset.from_list(rows, features=row_features("sample" in rows[0])).save_to_disk(str(tmp))
         else:
             tmp.mkdir()
         if features is not None:
@@ -280,7 +284,8 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
         return out
 
     shards_dir = out / "shards"
-    ranges = shard_ranges(len(src.samples), cfg.shard_size)
+    n = cfg.samples_per_prompt  # answer s to prompt i is row i * n + s
+    ranges = shard_ranges(len(src.samples) * n, cfg.shard_size)
     mine = owned_shards(len(ranges), procs.rank, procs.world_size)
     remove_stale(shards_dir, mine)
     done = complete_shards(shards_dir)
@@ -289,8 +294,11 @@ def _distill(cfg: DistillConfig, hold: contextlib.ExitStack) -> Path:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     if done:
         say(f"resuming: {len(done)} of {len(ranges)} shards already done")
-    plans = {j: [fit_budget(make_plan(i, src.samples[i], tokenizer, template, cfg.prompt_format, cfg.target),
-                            cfg.max_prompt_tokens, cfg.overlong) for i in ranges[j]] for j in todo}
+    def row_plan(i: int) -> Plan:
+        plan = make_plan(i, src.samples[i // n], tokenizer, template, cfg.prompt_format, cfg.target)
+        return replace(plan, answer=i % n) if n > 1 else plan
+
+    plans = {j: [fit_budget(row_plan(i), cfg.max_prompt_tokens, cfg.overlong) for i in ranges[j]] for j in todo}
     with answer_engine(cfg, model, target_path, plans, stop_ids, pad_id, out, say, bool(todo), spec) as (generate,
                                                                                                        name):
         with TokenProgress(f"distill [{procs.rank}/{procs.world_size}]" if procs.world_size > 1 else "distill",
@@ -444,9 +452,10 @@ def write_features(shards: dict[int, Path], folder: Path, settings: dict[str, An
 SETTING_KEYS = ("target", "revision", "adapter", "dtype", "source", "split", "skip", "limit", "prompt_tokens",
                 "prompt_format", "stop_tokens", "max_prompt_tokens", "overlong", "max_new_tokens", "temperature",
                 "top_p", "top_k", "seed", "shard_size", "skip_bad_rows", "engine", "feature_layers",
-                "feature_store_dtype")
+                "feature_store_dtype", "samples_per_prompt")
 # settings a folder written before they were recorded holds, with the value they had then
-SETTING_DEFAULTS = {"engine": "hf", "skip": 0, "feature_layers": None, "feature_store_dtype": None}
+SETTING_DEFAULTS = {"engine": "hf", "skip": 0, "feature_layers": None, "feature_store_dtype": None,
+                    "samples_per_prompt": 1}
 
 
 def setting(cfg: DistillConfig, key: str) -> Any:

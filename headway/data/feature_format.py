@@ -20,6 +20,10 @@ MANIFEST = "features.json"
 FORMAT = "headway-features"
 SUFFIX = ".safetensors"
 STORE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# ``--topk_logits K``: the target's K largest logits per token (float32, sorted descending) and their token
+# ids (int32), stored beside the layers under these keys; zeros where the next token is not an answer token
+TOPK_VALUES, TOPK_INDICES = "topk_values", "topk_indices"
+TOPK_KEYS = (TOPK_VALUES, TOPK_INDICES)
 
 
 # ---------------------------------------------------------------- layer specs
@@ -75,8 +79,13 @@ def layer_indices(layers: Sequence[str | int], num_hidden_layers: int) -> dict[s
     return {layer_key(l): (num_hidden_layers if l == "final" else int(l)) for l in layers}
 
 
+def feature_keys(layers: Sequence[str | int], topk: int = 0) -> list[str]:
+    """The keys a folder of these layers (and ``--topk_logits topk``) stores per token."""
+    return [layer_key(l) for l in layers] + (list(TOPK_KEYS) if topk else [])
+
+
 def finish_features(out: Path, n_shards: int, manifest: dict[str, Any], layers: list[str | int], info: Any,
-                    store_dtype: torch.dtype, tokens_per_s: float) -> dict[str, Any]:
+                    store_dtype: torch.dtype, tokens_per_s: float, topk: int = 0) -> dict[str, Any]:
     from safetensors import safe_open
 
     files = complete_shards(out, SUFFIX)
@@ -90,12 +99,12 @@ def finish_features(out: Path, n_shards: int, manifest: dict[str, Any], layers: 
         shards.append({"file": files[j].name, "rows": int(meta["rows"]), "tokens": int(meta["tokens"])})
         disk += files[j].stat().st_size
     tokens = sum(s["tokens"] for s in shards)
-    keys = [layer_key(l) for l in layers]
+    keys = feature_keys(layers, topk)
     final = {**manifest, "layers": [str(l) for l in layers], "keys": keys, "dtype": str(store_dtype).split(".")[-1],
              "hidden_size": info.hidden_size, "num_hidden_layers": info.num_hidden_layers, "target": asdict(info),
              "rows_per_shard": manifest["settings"]["shard_size"], "shards": shards,
              "num_rows": sum(s["rows"] for s in shards), "num_tokens": tokens,
-             "feature_bytes_per_token": len(keys) * info.hidden_size * store_dtype.itemsize,
+             "feature_bytes_per_token": len(layers) * info.hidden_size * store_dtype.itemsize + topk * 8,
              "bytes_per_token": round(disk / max(tokens, 1), 1), "tokens_per_s": round(tokens_per_s, 1),
              "complete": True}
     write_json(out / MANIFEST, final)
@@ -107,7 +116,7 @@ def features_command(settings: dict[str, Any], output: str | Path, layers: Seque
     defaults = {f.name: f.default for f in FeaturesConfig.__dataclass_fields__.values()}
     words = ["headway features", str(settings["dataset"]), "--layers", *map(str, layers or settings["layers"]),
              "--output", str(output), "--target", str(settings["target"])]
-    for key in ("revision", "adapter", "dtype", "store_dtype", "shard_size"):
+    for key in ("revision", "adapter", "dtype", "store_dtype", "shard_size", "topk_logits"):
         if settings.get(key) is not None and settings[key] != defaults[key]:
             words += [f"--{key}", str(settings[key])]
     rows = dataset_rows(settings["dataset"])

@@ -11,7 +11,10 @@ Output folder::
     features.json              manifest: layers, keys, dtype, target, shards (file, rows, tokens), bytes/token
     shard-XXXXX.safetensors    per layer key one (tokens, H) tensor for all rows of the shard, concatenated;
                                input_ids (tokens,) int32, loss_mask (tokens,) int8,
-                               offsets (rows + 1,) int64 and index (rows,) int64 (dataset rows)
+                               offsets (rows + 1,) int64 and index (rows,) int64 (dataset rows);
+                               with --topk_logits K also topk_values (tokens, K) float32 and
+                               topk_indices (tokens, K) int32: the target's K largest logits where
+                               the next token is an answer token (zeros elsewhere)
     .lock                      flock'ed by the process writing the folder (a second writer is refused)
 
 ``target_features`` is the one function that computes features, here and in online training.
@@ -33,8 +36,9 @@ from ..compat import hidden_states_arg
 from ..publish import publishing
 from .errors import DataError
 # the folder's format (re-exported: this module documents the folder)
-from .feature_format import (FORMAT, MANIFEST, STORE_DTYPES, SUFFIX, dataset_rows, eagle3_layers,  # noqa: F401
-                             features_command, finish_features, layer_indices, layer_key, pack_shard, parse_layers)
+from .feature_format import (FORMAT, MANIFEST, STORE_DTYPES, SUFFIX, TOPK_INDICES, TOPK_KEYS,  # noqa: F401
+                             TOPK_VALUES, dataset_rows, eagle3_layers, feature_keys, features_command, finish_features,
+                             layer_indices, layer_key, pack_shard, parse_layers)
 from .shards import (check_settings, complete_shards, digest, owned_shards, read_json, remove_stale, shard_name,
                      shard_ranges)
 
@@ -71,15 +75,26 @@ def right_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) 
 
 def shard_tensors(model: nn.Module, rows: list[dict[str, Any]], layers: Sequence[str | int],
                   store_dtype: torch.dtype, batch_size: int, pad_id: int,
-                  on_batch: Any = None) -> dict[str, torch.Tensor]:
-    """All tensors of one shard: per key the rows' (T_i, H) features concatenated to (sum T_i, H)."""
+                  on_batch: Any = None, topk: int = 0) -> dict[str, torch.Tensor]:
+    """All tensors of one shard: per key the rows' (T_i, H) features concatenated to (sum T_i, H); with
+    ``topk``, also the target's top-k logits per token (``TOPK_KEYS``, (sum T_i, k) each)."""
     device = next(model.parameters()).device
-    parts: dict[str, list[torch.Tensor]] = {layer_key(l): [] for l in layers}
+    keys = feature_keys(layers, topk)
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+    asked = list(layers) + (["final"] if topk and "final" not in layers else [])  # top-k logits read `final`
+    head = TopkLogits(model, topk) if topk else None
     for b in range(0, len(rows), batch_size):
         batch = [r["input_ids"] for r in rows[b: b + batch_size]]
         ids, mask = right_pad(batch, pad_id, device)  # (B, T)
-        feats = target_features(model, ids, mask, layers)
-        for k, f in feats.items():
+        feats = target_features(model, ids, mask, asked)
+        if head is not None:
+            used = next_is_answer([r["loss_mask"] for r in rows[b: b + batch_size]], ids.shape[1]).to(device)
+            feats.update(head(feats["final"], used))
+        for k in keys:
+            f = feats[k]
+            if k in TOPK_KEYS:
+                parts[k] += [f[i, : len(r)].cpu() for i, r in enumerate(batch)]  # each (T_i, k), as computed
+                continue
             stored = [f[i, : len(r)].to("cpu", store_dtype) for i, r in enumerate(batch)]  # each (T_i, H)
             for i, x in enumerate(stored):
                 check_finite_row(x, f[i, : len(batch[i])], k, rows[b + i].get("index", b + i))
@@ -87,6 +102,49 @@ def shard_tensors(model: nn.Module, rows: list[dict[str, Any]], layers: Sequence
         if on_batch is not None:
             on_batch(len(batch), sum(len(r) for r in batch))
     return pack_shard(rows, parts)
+
+
+def next_is_answer(loss_masks: Sequence[Sequence[int]], width: int) -> torch.Tensor:
+    """(B, width) bool: position s is followed by an answer token (loss_mask[s + 1] == 1): where
+    training reads the target's logits (they predict that token)."""
+    out = torch.zeros(len(loss_masks), width, dtype=torch.bool)
+    for i, m in enumerate(loss_masks):
+        nxt = torch.tensor(list(m[1:width]), dtype=torch.bool)  # (len - 1,)
+        out[i, : nxt.numel()] = nxt
+    return out
+
+
+class TopkLogits:
+    """The target's K largest logits of a batch's post-norm final states, in float32: the lm_head's
+    own output (a logit soft-cap or scale the target's forward applies after it is monotonic, so
+    the same K tokens lead; training applies it to the values). The float32 weight is made once."""
+
+    def __init__(self, model: nn.Module, k: int, chunk: int = 512) -> None:
+        head = model.get_output_embeddings()
+        if k > head.weight.shape[0]:
+            raise DataError(f"--topk_logits {k} is more than the target's vocabulary ({head.weight.shape[0]} tokens)")
+        self.weight = head.weight.detach().float()  # (V, H)
+        bias = getattr(head, "bias", None)
+        self.bias = bias.detach().float() if bias is not None else None
+        self.k, self.chunk = k, chunk
+
+    @torch.inference_mode()
+    def __call__(self, final: torch.Tensor, used: torch.Tensor) -> dict[str, torch.Tensor]:
+        """final (B, T, H), used (B, T) bool -> {TOPK_VALUES: (B, T, k) float32, TOPK_INDICES: (B, T, k)
+        int32}, zeros where ``used`` is False (nothing reads them; the projection is skipped there)."""
+        B, T, _ = final.shape
+        values = torch.zeros(B, T, self.k, dtype=torch.float32, device=final.device)
+        indices = torch.zeros(B, T, self.k, dtype=torch.int32, device=final.device)
+        x = final[used].to(self.weight.device, torch.float32)  # (N, H)
+        vs, ids = [], []
+        for c in x.split(self.chunk):
+            top = nn.functional.linear(c, self.weight, self.bias).topk(self.k, dim=-1)  # sorted, largest first
+            vs.append(top.values)
+            ids.append(top.indices.to(torch.int32))
+        if vs:
+            values[used] = torch.cat(vs).to(final.device)
+            indices[used] = torch.cat(ids).to(final.device)
+        return {TOPK_VALUES: values, TOPK_INDICES: indices}
 
 
 def check_finite_row(stored: torch.Tensor, computed: torch.Tensor, key: str, row: int) -> None:
@@ -148,6 +206,8 @@ def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
     settings = {"dataset": str(data_path), "dataset_state": digest((data_path / "state.json").read_text()),
                 "rows": len(ds), "target": target, "revision": revision, "adapter": cfg.adapter, "dtype": cfg.dtype,
                 "layers": [str(l) for l in layers], "store_dtype": cfg.store_dtype, "shard_size": cfg.shard_size}
+    if cfg.topk_logits:  # recorded only when asked: folders without it keep the settings they always had
+        settings["topk_logits"] = cfg.topk_logits
     with procs.state.main_process_first():
         manifest = check_settings(out / MANIFEST, settings, {"format": FORMAT, "version": 1})
     say = console().print if procs.is_main else (lambda *a, **k: None)
@@ -165,10 +225,11 @@ def _features(cfg: FeaturesConfig, hold: contextlib.ExitStack) -> Path:
         for j in todo:
             rows = ds.select(ranges[j]).to_list()
             write_feature_shard(out, j, shard_tensors(model, rows, layers, store_dtype, cfg.batch_size, pad_id,
-                                                      bar.advance))
+                                                      bar.advance, cfg.topk_logits))
     procs.barrier()
     if procs.is_main:
-        final = finish_features(out, len(ranges), manifest, layers, info, store_dtype, bar.tokens_per_s)
+        final = finish_features(out, len(ranges), manifest, layers, info, store_dtype, bar.tokens_per_s,
+                                cfg.topk_logits)
         say(f"features of {final['num_rows']} rows ({final['num_tokens']} tokens) in {out}: "
             f"{final['bytes_per_token']:.0f} bytes/token, {bar.tokens_per_s:.0f} tok/s")
     procs.barrier()

@@ -29,7 +29,7 @@ from .shards import digest, link_or_copy, read_json, shard_name, write_json
 TARGET_KEYS = ("hidden_size", "vocab_size", "num_hidden_layers", "architecture")
 # what must agree between features folders for a drafter to train on their union
 FEATURE_KEYS = ("keys", "dtype", "hidden_size", "num_hidden_layers")
-FEATURE_SETTINGS = ("dtype", "adapter")  # the target's compute dtype and adapter
+FEATURE_SETTINGS = ("dtype", "adapter", "topk_logits")  # the target's compute dtype and adapter; stored top-k
 
 
 @dataclass

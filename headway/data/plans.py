@@ -31,6 +31,7 @@ class Plan:
     piece_ids: list[list[int]]  # the same, tokenised
     raw: bool  # a plain completion prompt (no chat template)
     truncated: bool = False
+    answer: int | None = None  # distill's samples_per_prompt > 1: which of the prompt's sampled answers this is
 
     @property
     def prompt_tokens(self) -> int:

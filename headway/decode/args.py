@@ -2,7 +2,9 @@
 
 ``check_decode_args`` is pure (numbers in, ``DecodeError`` or None out); ``Speculator.stream``
 calls it once the prompt is tokenised, and the CLI configs call it while parsing, so a bad value
-fails in one line before any model is loaded.
+fails in one line before any model is loaded. ``DecodeTargetArgs`` are the runtime options every
+decoding command shares (generate, chat, bench, tune). Light at import (no torch): ``--help``
+reads these configs.
 """
 
 from __future__ import annotations
@@ -10,9 +12,15 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from ..config import opt
 from ..errors import HeadwayError
+from ..target import LINEAR_KERNELS, TARGET_DTYPES, TargetArgs
+
+HEADS_DTYPES = ("auto", *TARGET_DTYPES)  # auto: the target's dtype
+VERIFY_LOGITS = ("auto", "all")  # Speculator(verify_logits=): on-demand lm_head rows on CPU, or every node's
 
 
 class DecodeError(HeadwayError, ValueError):
@@ -95,3 +103,30 @@ def row_named(i: int) -> Iterator[None]:
         yield
     except DecodeError as e:
         raise DecodeError(f"prompts[{i}]: {e}") from None
+
+
+@dataclass(kw_only=True)
+class DecodeTargetArgs(TargetArgs):
+    """``TargetArgs`` plus the runtime options of the commands that decode (generate, chat, bench,
+    tune): the heads' dtype and the fast path (static KV cache, torch.compile). Exactness holds for
+    every combination; float32 heads and target are what the exactness tests run."""
+
+    heads_dtype: str = opt("auto", "dtype of the heads: auto = the target's (bf16 target -> bf16 heads); float32 "
+                                   "keeps full-precision drafting", choices=HEADS_DTYPES)
+    static_cache: bool = opt(False, "preallocate the target's KV cache (transformers StaticCache, sized prompt + "
+                                    "max_new_tokens + tree); same output, fixed shapes for --compile")
+    compile: bool = opt(False, "torch.compile the target's verify forward and the drafter step (minutes of "
+                               "compilation on first use; pays off on GPUs; implies --static-cache)")
+    linear_kernel: str = opt("auto", "CPU kernel of the decoder's few-row linears: auto = measure F.linear, the "
+                                     "weight-major product (W @ x.T) and headway's native kernel (built on first use "
+                                     "where a C++ compiler is) on the models' weights and keep the fastest per row "
+                                     "count; stock = F.linear; weight-major / native = always (output unchanged)",
+                             choices=LINEAR_KERNELS)
+    verify_logits: str = opt("auto", "auto = on CPU a tree's verify forward stops before the lm_head and "
+                                     "projects only the rows verification reads (the accepted path; same "
+                                     "logits); all = project every tree node", choices=VERIFY_LOGITS)
+
+    def runtime_kwargs(self) -> dict[str, Any]:
+        """The ``Speculator`` keyword arguments these options ask for."""
+        return {"heads_dtype": self.heads_dtype, "static_cache": self.static_cache, "compile": self.compile,
+                "linear_kernel": self.linear_kernel, "verify_logits": self.verify_logits}

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import opt
-from ..target import DecodeTargetArgs
-from .args import CALIBRATE_HELP, check_decode_args
+from .args import CALIBRATE_HELP, DecodeTargetArgs, check_decode_args
 
 
 @dataclass

@@ -18,10 +18,10 @@ from typing import Any, Sequence
 import torch
 
 from ..compat import cache_kwarg
+from ..hardware import sync
 from .attention import tree_attention
 from .kv import drop_last, new_cache
 from .node_logits import PREFETCH_ROWS
-from .stats import _sync
 from .tree import additive_mask
 
 # token counts timed for a cost curve; the rest are interpolated (the linear kernels switch at
@@ -86,13 +86,13 @@ def forward_cost(rt: Any, sizes: Sequence[int], prefix_len: int = 128, repeats: 
                 keep = {"logits_to_keep": torch.arange(min(n, PREFETCH_ROWS), device=dev)} if lazy else {}
                 pos = (torch.arange(n, device=dev) + prefix_len)[None]
                 tok = torch.randint(3, vocab, (1, n), device=dev, generator=gen)
-                _sync(dev)
+                sync(dev)
                 t = time.perf_counter()
                 # the linear kernels and the attention the decoder's verify forward runs with
                 with rt.kernels(), tree_attention(rt.target, rt.grouped_attention):
                     rt.target(input_ids=tok, **{cache_kwarg(): cache}, use_cache=True, attention_mask=masks[n],
                                 position_ids=pos, **keep)
-                _sync(dev)
+                sync(dev)
                 times[n].append(time.perf_counter() - t)
                 drop_last(cache, n)
     return {n: statistics.median(ts) for n, ts in times.items()}

@@ -12,7 +12,7 @@ layer, and ``layer_masks`` gives the sliding layers the decoder's mask cut to th
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import Cache, DynamicCache, StaticCache
@@ -87,17 +87,21 @@ def tree_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype, kv_len
     return out[None, None]
 
 
-def in_place(nodes: torch.Tensor) -> bool:
+def in_place(nodes: Sequence[int] | torch.Tensor) -> bool:
     """Accepted ``nodes`` 0, 1, .., m: already the first tree slots (every chain's path, and a tree's
-    when nothing past the root or only first children were accepted), so nothing needs to move."""
-    return nodes.tolist() == list(range(nodes.numel()))
+    when nothing past the root or only first children were accepted), so nothing needs to move.
+    A tensor is read to the host; the decoder passes the nodes it has read already."""
+    nodes = nodes.tolist() if isinstance(nodes, torch.Tensor) else list(nodes)
+    return nodes == list(range(len(nodes)))
 
 
-def keep_accepted(cache: Cache, prefix_len: int, tree_size: int, nodes: torch.Tensor) -> None:
+def keep_accepted(cache: Cache, prefix_len: int, tree_size: int, nodes: torch.Tensor,
+                  moved: bool | None = None) -> None:
     """The cache holds prefix + all ``tree_size`` tree nodes; keep the accepted ``nodes`` (sorted,
-    root first) at contiguous positions ``prefix_len ..`` and crop the rest."""
+    root first) at contiguous positions ``prefix_len ..`` and crop the rest. ``moved``: whether the
+    nodes leave the first tree slots (``not in_place(nodes)``; None: read them to find out)."""
     n = nodes.numel()
-    if not in_place(nodes):  # chains never move
+    if moved if moved is not None else not in_place(nodes):  # chains never move
         for layer in cache.layers:
             src = nodes.to(layer.keys.device) + prefix_len  # under a device_map each layer has its own device
             # advanced indexing copies first, so overlapping source/destination is safe; in place, so a

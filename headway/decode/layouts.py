@@ -29,10 +29,9 @@ from typing import Any, Sequence
 import torch
 from transformers import Cache
 
-from .kv import drop_last, in_place, keep_accepted, new_cache, static_length, tree_mask
-from .padding import additive, after_prefix, left_pad, pad_trees, prefill_mask, used_columns
-from .shapes import DraftTree
-from .verify import Verdict
+from .kv import drop_last, keep_accepted, new_cache, static_length, tree_mask
+from .padding import additive, after_prefix, first_slots, left_pad, pad_rows, prefill_mask, used_columns
+from .trees import DraftTree
 
 
 class OneRow:
@@ -65,8 +64,9 @@ class OneRow:
             tree_mask(torch.ones(1, 1, dtype=torch.bool, device=roots.device), lengths[0], dtype, static)
         return roots.view(1, 1), torch.tensor([[lengths[0]]], device=roots.device), mask
 
-    def keep(self, verdicts: Sequence[Verdict], lengths: Sequence[int], width: int) -> None:
-        keep_accepted(self.cache, lengths[0], width, verdicts[0].nodes)
+    def keep(self, nodes: Sequence[torch.Tensor], moved: Sequence[bool], lengths: Sequence[int], width: int) -> None:
+        """Row 0's accepted ``nodes`` (root first) into place (``moved``: they leave the first tree slots)."""
+        keep_accepted(self.cache, lengths[0], width, nodes[0], moved[0])
 
     def keep_plain(self) -> None:
         pass  # the one new entry is already in place
@@ -113,17 +113,15 @@ class PaddedRows:
         """The new slot is each row's one entry of the step: valid for every row."""
         self.valid = torch.cat([self.valid, torch.ones_like(self.valid[:, :1])], dim=1)
 
-    def keep(self, verdicts: Sequence[Verdict], lengths: Sequence[int], width: int) -> None:
-        """The cache holds S slots + ``width`` tree slots per row: move row b's accepted nodes to its
-        first m_b tree slots, keep max m_b tree slots, and mark row b's slots past m_b as gaps."""
+    def keep(self, nodes: Sequence[torch.Tensor], moved: Sequence[bool], lengths: Sequence[int], width: int) -> None:
+        """The cache holds S slots + ``width`` tree slots per row: move row b's accepted ``nodes`` (root
+        first) to its first m_b tree slots (``moved``: row b's leave them), keep max m_b tree slots,
+        and mark row b's slots past m_b as gaps."""
         S = self.valid.shape[1]
-        dev = self.valid.device
-        m = torch.tensor([v.nodes.numel() for v in verdicts], device=dev)  # (B,)
-        M = int(m.max())
-        if not all(in_place(v.nodes) for v in verdicts):  # chains never move
-            idx = torch.zeros(len(verdicts), M, dtype=torch.long, device=dev)  # (B, M) tree slot to keep
-            for b, v in enumerate(verdicts):
-                idx[b, :v.nodes.numel()] = v.nodes
+        counts = [n.numel() for n in nodes]
+        M = max(counts)
+        if any(moved):  # chains never move
+            idx = pad_rows(nodes)  # (B, M) tree slot to keep (a pad: slot 0, a gap after the move)
             for layer in self.cache.layers:
                 for name in ("keys", "values"):
                     t = getattr(layer, name)  # (B, H, S + N, D)
@@ -131,7 +129,7 @@ class PaddedRows:
                     t[:, :, S:S + M] = t.gather(2, src)  # gather copies first: overlapping slots are safe
         if width > M:
             drop_last(self.cache, width - M)
-        self.valid = torch.cat([self.valid, torch.arange(M, device=dev)[None] < m[:, None]], dim=1)
+        self.valid = torch.cat([self.valid, first_slots(counts, self.valid.device)], dim=1)
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only rows ``keep``, then drop slot columns no remaining row uses."""
@@ -146,3 +144,21 @@ class PaddedRows:
                 layer.keys = layer.keys.index_select(2, cols)
                 layer.values = layer.values.index_select(2, cols)
             self.valid = self.valid[:, cols]
+
+
+def pad_trees(trees: Sequence[DraftTree], lengths: Sequence[int], pad: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row trees -> (tokens (B, N), position_ids (B, N), visible (B, N, N)) padded to the largest;
+    a pad node sits at its row's root position and sees only itself."""
+    N = max(t.tokens.numel() for t in trees)
+    dev = trees[0].tokens.device
+    B = len(trees)
+    tokens = torch.full((B, N), pad, dtype=torch.long, device=dev)
+    pos = torch.tensor(list(lengths), dtype=torch.long, device=dev)[:, None].repeat(1, N)
+    vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+    for b, t in enumerate(trees):
+        n = t.tokens.numel()
+        tokens[b, :n] = t.tokens
+        pos[b, :n] += t.buffers.depth
+        vis[b, :n, :n] = t.buffers.visible
+    return tokens, pos, vis

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..compat import hidden_states_arg
-from .stats import _sync
+from ..hardware import sync
 from .tree import TreeBuffers
 
 PREFETCH_ROWS = 8  # rows per on-demand projection: a few rows cost about one (the weights are read once)
@@ -76,7 +76,7 @@ class NodeLogits:
         assert self.hidden is not None and self.head is not None
         t = time.perf_counter()
         out = self.head(self.hidden[rows])
-        _sync(out.device)
+        sync(out.device)
         self.seconds += time.perf_counter() - t
         self.projections += 1
         self.rows.update(zip(rows, out))

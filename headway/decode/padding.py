@@ -13,7 +13,6 @@ from typing import Sequence
 
 import torch
 
-from .shapes import DraftTree
 
 
 def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -62,28 +61,18 @@ def catch_up_visible(valid: torch.Tensor, new_valid: torch.Tensor) -> torch.Tens
 def first_slots(counts: Sequence[int], device: torch.device) -> torch.Tensor:
     """(B, max count) bool: row b's first ``counts[b]`` slots (the real ones of a padded write)."""
     c = torch.tensor(list(counts), dtype=torch.long, device=device)
-    return torch.arange(int(c.max()), device=device)[None] < c[:, None]
+    return torch.arange(max(counts), device=device)[None] < c[:, None]
+
+
+def pad_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-row (m_b, ...) tensors -> (B, max m_b, ...), zeros after each row's own (the pad slots of
+    a padded write, ``first_slots``). A batch of one is its row."""
+    if len(rows) == 1:
+        return rows[0][None]
+    return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True)
 
 
 def used_columns(valid: torch.Tensor) -> torch.Tensor | None:
     """The slot columns some row still uses (sorted), or None when every column is used."""
     used = valid.any(0)
     return None if bool(used.all()) else used.nonzero().squeeze(1)
-
-
-def pad_trees(trees: Sequence[DraftTree], lengths: Sequence[int], pad: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row trees -> (tokens (B, N), position_ids (B, N), visible (B, N, N)) padded to the largest;
-    a pad node sits at its row's root position and sees only itself."""
-    N = max(t.tokens.numel() for t in trees)
-    dev = trees[0].tokens.device
-    B = len(trees)
-    tokens = torch.full((B, N), pad, dtype=torch.long, device=dev)
-    pos = torch.tensor(list(lengths), dtype=torch.long, device=dev)[:, None].repeat(1, N)
-    vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
-    for b, t in enumerate(trees):
-        n = t.tokens.numel()
-        tokens[b, :n] = t.tokens
-        pos[b, :n] += t.buffers.depth
-        vis[b, :n, :n] = t.buffers.visible
-    return tokens, pos, vis

@@ -21,7 +21,9 @@ import torch
 
 from .cost import CURVE_SIZES, best_size, cost_by_size, forward_cost
 from .sampling import SamplingParams
-from .shapes import DynamicShape, Proposer, SizeFor, StaticShape, TreeShape, chain, is_chain, is_fork, parse_shape
+from .proposers import EagleProposer, Proposer
+from .shapes import DynamicShape, StaticShape, TreeShape, chain, is_chain, is_fork, parse_shape
+from .trees import SizeFor
 
 
 def fit_tree(tree: TreeShape | str | None, proposer: Proposer) -> TreeShape:
@@ -49,8 +51,6 @@ def fit_tree(tree: TreeShape | str | None, proposer: Proposer) -> TreeShape:
 def drafts_per_token(proposer: Proposer) -> bool:
     """EAGLE drafters run once per tree level and condition on the parent: a dynamic tree pays off.
     Medusa and DFlash draft every depth in one call, independent of the parent: a chain."""
-    from .proposers import EagleProposer
-
     return isinstance(proposer, EagleProposer)
 
 

@@ -14,8 +14,8 @@ from transformers import Cache
 
 from ..compat import cache_kwarg, hidden_states_arg
 from ..heads import HeadsBase
-from ..target import HEADS_DTYPES, resolve_dtype
-from .args import DecodeError
+from ..target import resolve_dtype
+from .args import HEADS_DTYPES, DecodeError
 from .attention import tree_attention
 from .kv import layer_masks, new_cache
 from .node_logits import Projection, head_matches_logits

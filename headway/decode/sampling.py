@@ -1,7 +1,8 @@
-"""Exact sampling verification for trees of deterministic (top-k) drafts, drafts *sampled* from
-the drafter, or both (recursive rejection sampling), with a vectorised path for sampled chains.
-The target's processed distribution (temperature, top-k, top-p) is ``headway.sampling``'s,
-re-exported here."""
+"""Sampling on both sides of a step: drafts drawn from the drafter (``draw_draft``: a sampled chain's,
+``draw_children``: a fork's), and exact verification of trees of deterministic (top-k) drafts,
+drawn drafts, or both (recursive rejection sampling), with a vectorised path for sampled chains.
+The processed distribution (temperature, top-k, top-p) is ``headway.sampling``'s, re-exported here;
+terms as in ``decode/verify.py``'s glossary."""
 
 from __future__ import annotations
 
@@ -17,6 +18,39 @@ def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     cdf = probs.cumsum(-1)
     idx = torch.searchsorted(cdf, (u * cdf[-1]).reshape(1), right=True).clamp(max=probs.numel() - 1)
     return idx[0]
+
+
+def draw_draft(logp: torch.Tensor, params: SamplingParams, gen: torch.Generator
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft from the drafter's log-probs (Vd,), processed as the target's are -> (q, draft id);
+    a greedy row takes the argmax (q one-hot). ``trees.SampleDraft``."""
+    if params.greedy:
+        x = logp.argmax(-1)
+        return torch.nn.functional.one_hot(x, logp.shape[-1]).float(), x
+    q = processed_probs(logp, params)
+    return q, sample_from(q, torch.rand((), generator=gen).to(q.device))
+
+
+def draw_children(logp: torch.Tensor, k: int, params: SamplingParams, gen: torch.Generator
+                  ) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
+    """A fork's k children of one parent: each drawn from the drafter's processed distribution less
+    the earlier draws, processed once for all k; when the earlier draws held all of its mass, the
+    best other token (q None: a deterministic draft). ``trees.SampleChild``."""
+    q = processed_probs(logp, params)
+    draws: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+    taken: list[torch.Tensor] = []
+    for i in range(k):
+        if i:
+            q = q.index_fill(0, taken[-1].view(1), 0.0)
+            z = q.sum()
+            if not z > 0:
+                taken.append(logp.index_fill(0, torch.stack(taken), float("-inf")).argmax())
+                draws.append((None, taken[-1]))
+                continue
+            q = q / z
+        taken.append(sample_from(q, torch.rand((), generator=gen).to(q.device)))
+        draws.append((q, taken[-1]))
+    return draws
 
 
 def verify_sample(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tensor, u_accept: torch.Tensor,
@@ -39,8 +73,7 @@ def verify_sample(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tenso
     per node (used when that node is tried), ``u_bonus`` one for the final draw.
     ``renormalise=False`` exists only so tests can show that a biased verifier is caught.
     """
-    parents = buffers.parents.tolist()
-    toks = tokens.tolist()
+    parents, toks = torch.stack([buffers.parents, tokens]).tolist()  # the tree on the host: one read
     children: dict[int, list[int]] = {}
     for i, p in enumerate(parents[1:], start=1):
         children.setdefault(p, []).append(i)
@@ -64,8 +97,7 @@ def verify_sample(tokens: torch.Tensor, buffers: TreeBuffers, probs: torch.Tenso
                 break
             if renormalise:
                 left = (r / z - q).clamp(min=0)
-                if left.sum() > 0:  # else r~ == q: a rejection had probability 0 (rounding), keep r
-                    r = left
+                r = torch.where(left.sum() > 0, left, r)  # r~ == q: a rejection had probability 0 (rounding), keep r
         if nxt is None:
             return Verdict(torch.tensor(path, device=tokens.device), sample_from(r, u_bonus))
         path.append(nxt)

@@ -1,31 +1,13 @@
-"""Tree shapes: chain, static (Medusa-style rank paths) and dynamic (EAGLE-2).
-
-A shape decides which draft candidates become tree nodes. Drafting itself is delegated to a
-``Proposer`` (Medusa heads or an EAGLE drafter) through two calls:
-
-* ``root_logprobs()`` -> (V,) the draft distribution over the root's children (depth 1);
-* ``expand(parent_rows, tokens, depth)`` -> (n, V) the distributions over the children of n
-  nodes at ``depth`` with target-space ``tokens``; ``parent_rows`` gives each node's parent as a
-  row of the previous ``expand`` call (all 0 at depth 1: the root), so a drafter can attend to
-  each node's ancestors and feed on its parent's output.
-
-Token ids in logprobs are *draft* ids; ``proposer.to_target_ids`` maps them (EAGLE-3's reduced vocab).
-
-Calibration: a proposer may carry ``temperatures`` (per draft depth, depth 1 first; from the
-heads' ``metadata["calibration"]``). Dynamic trees rank candidates by the cumulative
-``log_softmax(logp / T_depth)``, so a drafter that is right more often than it is confident still
-gets deep trees. Adaptive dynamic trees (``adaptive-K-D-N``) also read the calibrated scores as
-acceptance probabilities and keep, per step, only the nodes worth their verify cost
-(``decode/cost.py``). Static trees are unaffected (ranks do not change with a temperature), and sampled
-chains draw from the raw distribution, the ``q`` their accept rule needs. Which nodes are drafted
-never changes what verification emits.
-"""
+"""Tree shapes: which draft candidates become a step's tree nodes. A chain (``chain-N``), static
+rank paths (Medusa's published tree, one measured from per-depth accuracy, ``fork-N``), EAGLE-2
+dynamic trees (``dynamic-K-D-N``) and adaptive ones (``adaptive-K-D-N``), parsed from their specs and
+bounded in size. Shapes are data: ``decode/trees.py`` fills them from a proposer's drafts."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Sequence
 
 import torch
 
@@ -64,58 +46,6 @@ MC_SIM_7B_63: list[tuple[int, ...]] = [
     (0, 1, 2), (2, 0, 0), (3, 1), (2, 2), (8, 0), (0, 5, 0), (1, 5), (1, 0, 1), (0, 2, 1), (9, 0), (0, 6, 0),
     (0, 0, 0, 1), (1, 6), (0, 7, 0),
 ]
-
-
-@runtime_checkable
-class Proposer(Protocol):
-    """The draft side of a decode step (``decode/proposers.py``: ``MedusaProposer``,
-    ``EagleProposer``), as ``Speculator`` and the tree builders drive it.
-
-    Per generation: ``prefill`` once, then each step the builders ask ``root_logprobs`` /
-    ``expand`` / ``to_target_ids`` (module docstring), ``end_tree`` drops what drafting the tree
-    left behind, and ``accept`` is told what the target accepted. ``fork`` is an independent twin
-    (a copy of the generation's draft state; the heads are shared)."""
-
-    max_depth: int | None  # deepest draft the proposer can make (Medusa: its heads; None: no limit)
-    draft_vocab_size: int | None  # rows of the draft logprobs (None: the target's vocabulary)
-    feature_layers: list[int]  # target hidden states it reads (-1: the final post-norm state)
-    temperatures: Sequence[float] | None  # calibration per draft depth, depth 1 first (module docstring)
-
-    def prefill(self, input_ids: torch.Tensor, features: list[torch.Tensor], first_token: torch.Tensor) -> None:
-        """input_ids (1, n) the prompt; features [(1, n, H)] the target's states at it, one per
-        ``feature_layers``; first_token (1,) the target's token after the prompt (the first root)."""
-        ...
-
-    def accept(self, tokens: torch.Tensor, features: list[torch.Tensor], start: int) -> None:
-        """tokens (m+2,): the accepted path (root first) then the bonus token; features [(m+1, H)]
-        the target's states at the path; start: the target position of the root."""
-        ...
-
-    def root_logprobs(self) -> torch.Tensor: ...
-
-    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor: ...
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor: ...
-
-    def end_tree(self) -> None:
-        """The tree is built: forget its nodes (the next step's ``accept`` brings the real ones)."""
-        ...
-
-    def fork(self) -> Proposer:
-        """An independent copy of this generation's draft state (``Speculator.fork``)."""
-        ...
-
-
-@dataclass
-class DraftTree:
-    """One step's tree: target-space tokens (root first) plus its buffers."""
-
-    tokens: torch.Tensor  # (N,) target token ids; tokens[0] is the root
-    buffers: TreeBuffers
-    draft_ids: torch.Tensor | None = None  # (N,) draft-vocab ids (root: -1), for sampling verification
-    # above T=0, the nodes drawn from the drafter's distribution: node -> (V,) target-vocab proposal it
-    # was drawn from (``build_static`` with ``sample``; ``sampling.verify_sample`` reads it)
-    proposals: dict[int, torch.Tensor] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +132,7 @@ def chain_buffers(depth: int, device: torch.device) -> TreeBuffers:
 
 def fork(depth: int) -> StaticShape:
     """``fork-N``: a chain with a second child beside every node, 2N + 1 nodes. At T=0 the two are
-    the drafter's top-2; above, both are drawn (``build_static`` with ``sample``): the chain's node
+    the drafter's top-2; above, both are drawn (``trees.static_trees``): the chain's node
     from the drafter's distribution q, as in a sampled chain, its sibling from q less that token,
     tried against the residual when the first is rejected. Each depth then accepts what a sampled
     chain's does and then some (SmolLM2, T=1: .38 -> ~.45 at depth 1), for N more verified tokens."""
@@ -247,92 +177,6 @@ def from_accuracies(topk_acc: Sequence[Sequence[float]], num_nodes: int) -> Stat
     return StaticShape(list(chosen), name=f"measured-{num_nodes}")
 
 
-@dataclass
-class _Level:
-    nodes: torch.Tensor  # (n_d,) node ids at this depth
-    k: int  # top-k needed from each parent's distribution
-    parent_row: torch.Tensor  # (n_d,) row of each node's parent in the previous level's logprobs
-    ranks: torch.Tensor  # (n_d,)
-    expand: torch.Tensor  # node ids at this depth that have children (they get expanded next)
-    expand_parent_row: torch.Tensor  # row of each expanded node's parent in the previous expand call
-    # (parent row, its children's node ids in rank order) for drawing them above T=0 (plain ints: no syncs)
-    families: tuple[tuple[int, tuple[int, ...]], ...] = ()
-
-
-def _levels(shape: StaticShape, device: torch.device) -> list[_Level]:
-    """Per-depth index tensors of a static shape, built once per device (no syncs while drafting)."""
-    cached = shape.__dict__.setdefault("_levels_cache", {})
-    if device not in cached:
-        b, out = shape.buffers, []
-        has_child = torch.zeros(shape.size, dtype=torch.bool)
-        has_child[b.parents[1:]] = True
-        frontier = torch.zeros(1, dtype=torch.long)
-        for d in range(1, shape.depth + 1):
-            nodes = (b.depth == d).nonzero().squeeze(1)
-            row = torch.searchsorted(frontier, b.parents[nodes])
-            expand = nodes[has_child[nodes]]
-            kids: dict[int, list[tuple[int, int]]] = {}  # parent row -> [(rank, node)]
-            for n, r in zip(nodes.tolist(), row.tolist()):
-                kids.setdefault(r, []).append((int(shape.ranks[n]), n))
-            families = tuple((r, tuple(n for _, n in sorted(ks))) for r, ks in kids.items())
-            out.append(_Level(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in
-                                (nodes, int(shape.ranks[nodes].max()) + 1, row, shape.ranks[nodes], expand,
-                                 row[has_child[nodes]])), families=families))
-            frontier = expand
-        cached[device] = (out, b.to(device))
-    return cached[device]
-
-
-# sample(logprobs, k) -> k draws [(q, draft_id)], each from the processed draft distribution less the
-# earlier draws (q None: they held all of its mass, draft_id the best other token); ``child_sampler``
-SampleChild = Callable[[torch.Tensor, int], "list[tuple[torch.Tensor | None, torch.Tensor]]"]
-
-
-def build_static(shape: StaticShape, proposer: Proposer, root_token: torch.Tensor,
-                 sample: SampleChild | None = None, target_vocab: int = 0) -> DraftTree:
-    """Fill the fixed shape level by level; only nodes with children are expanded.
-
-    ``sample`` (above T=0, ``fork-N``): every child is drawn instead of taking its rank, in rank
-    order, each from the drafter's processed distribution less its earlier siblings' tokens
-    (``SampleChild``); the tree's ``proposals`` keep each draw's q in target-vocab space
-    (``target_vocab`` tokens) for ``verify_sample``."""
-    levels, b = _levels(shape, root_token.device)
-    draft = torch.full((shape.size,), -1, dtype=torch.long, device=root_token.device)
-    logp = proposer.root_logprobs()[None]  # (1, V): the root's children distribution
-    drawn: dict[int, torch.Tensor] = {}
-    for d, lv in enumerate(levels, start=1):
-        top = logp.topk(lv.k, dim=-1).indices  # (n_parents, k)
-        draft[lv.nodes] = top[lv.parent_row, lv.ranks]
-        if sample is not None:
-            draw_children(lv, logp, draft, drawn, sample)
-        if d == len(levels):
-            break
-        logp = proposer.expand(lv.expand_parent_row, proposer.to_target_ids(draft[lv.expand]), d)
-    tokens = proposer.to_target_ids(draft.clamp(min=0))
-    tokens[0] = root_token
-    return DraftTree(tokens, b, draft, to_target_proposals(proposer, drawn, target_vocab) if sample else None)
-
-
-def draw_children(lv: "_Level", logp: torch.Tensor, draft: torch.Tensor, drawn: dict[int, torch.Tensor],
-                  sample: SampleChild) -> None:
-    """Above T=0: draw this level's children in place of their ranks (``build_static``)."""
-    for row, nodes in lv.families:
-        for node, (q, x) in zip(nodes, sample(logp[row], len(nodes))):
-            draft[node] = x
-            if q is not None:
-                drawn[node] = q
-
-
-def to_target_proposals(proposer: Any, drawn: dict[int, torch.Tensor], target_vocab: int) -> dict[int, torch.Tensor]:
-    """Draft-vocab proposals -> (target_vocab,) ones (zero outside the draft vocabulary)."""
-    if not drawn:
-        return {}
-    q = torch.stack(list(drawn.values()))  # (n, Vd)
-    out = q.new_zeros(q.shape[0], target_vocab)
-    out[:, proposer.to_target_ids(torch.arange(q.shape[1], device=q.device))] = q
-    return dict(zip(drawn, out))
-
-
 # ---------------------------------------------------------------------------------------------
 # Dynamic shape (EAGLE-2)
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +188,7 @@ class DynamicShape:
     then keep the best ``total_tokens`` (root included) of all candidates as the tree.
 
     ``adaptive``: keep only as many of them as pay for their verify cost at this step (at most
-    ``total_tokens``; ``decode/cost.py``): the decoder passes ``build_dynamic`` a ``size_for``."""
+    ``total_tokens``; ``decode/cost.py``): the decoder passes ``trees.dynamic_trees`` a ``size_for``."""
 
     top_k: int = 8
     depth: int = 6
@@ -373,119 +217,7 @@ class DynamicShape:
         return DynamicShape(top_k or self.top_k, depth or self.depth, self.total_tokens, self.name, self.adaptive)
 
 
-def depth_temperature(proposer: Proposer, depth: int) -> float:
-    """The proposer's calibration temperature for drafts at ``depth`` (1-based): 1.0 without one;
-    past the last fitted depth the last one holds (calibration drifts slowly with depth)."""
-    temps = getattr(proposer, "temperatures", None)
-    return float(temps[min(depth, len(temps)) - 1]) if temps else 1.0
-
-
-def calibrated(logp: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(logits / T) from log-probs (a log-softmax is logits up to a constant per row)."""
-    return logp if temperature == 1.0 else torch.log_softmax(logp / temperature, dim=-1)
-
-
-# (m,) acceptance probabilities of the best candidates, best first (root excluded) -> tokens to keep
-SizeFor = Callable[[torch.Tensor], int]
-
-
-def build_dynamic(shape: DynamicShape, proposer: Proposer, root_token: torch.Tensor,
-                  size_for: SizeFor | None = None) -> DraftTree:
-    """EAGLE-2's tree, ranked by calibrated cumulative log-probabilities (``depth_temperature``);
-    ``size_for`` (adaptive trees) picks how many of the best ``total_tokens`` to keep."""
-    dev = root_token.device
-    k = shape.top_k
-    max_depth = min(shape.depth, proposer.max_depth or shape.depth)
-    # candidate pool; index 0 is the root
-    lp, ids = calibrated(proposer.root_logprobs(), depth_temperature(proposer, 1)).topk(k)  # (k,)
-    pool_draft = [torch.full((1,), -1, dtype=torch.long, device=dev), ids]
-    pool_parent = [torch.full((1,), -1, dtype=torch.long, device=dev), torch.zeros(k, dtype=torch.long, device=dev)]
-    pool_score = [torch.zeros(1, device=dev, dtype=lp.dtype), lp]
-    frontier, frontier_score, n = torch.arange(1, k + 1, device=dev), lp, 1 + k
-    frontier_row = torch.zeros(k, dtype=torch.long, device=dev)  # depth-1 nodes hang off the root
-    for d in range(1, max_depth):
-        draft_all = torch.cat(pool_draft)
-        logp = proposer.expand(frontier_row, proposer.to_target_ids(draft_all[frontier]), d)
-        c_lp, c_ids = calibrated(logp, depth_temperature(proposer, d + 1)).topk(k, dim=-1)  # (k_frontier, k)
-        scores = (frontier_score[:, None] + c_lp).flatten()  # cumulative log-prob of each child
-        pool_draft.append(c_ids.flatten())
-        pool_parent.append(frontier.repeat_interleave(k))
-        pool_score.append(scores)
-        best = scores.topk(min(k, scores.numel())).indices
-        frontier, frontier_score, frontier_row = n + best, scores[best], best // k
-        n += scores.numel()
-    draft, parent, score = torch.cat(pool_draft), torch.cat(pool_parent), torch.cat(pool_score)
-    return select_tree(draft, parent, score, shape.total_tokens, proposer, root_token, size_for)
-
-
-def select_tree(draft: torch.Tensor, parent: torch.Tensor, score: torch.Tensor, total: int, proposer: Proposer,
-                root_token: torch.Tensor, size_for: SizeFor | None = None) -> DraftTree:
-    """Keep the root and the best ``total - 1`` candidates (with ``size_for``: the root and the best
-    ``size_for(probabilities) - 1`` of those). A child's cumulative score never exceeds its parent's,
-    so the best set is closed under parents; ties are broken towards earlier (shallower) candidates,
-    and any parent still missing is added to keep the tree valid."""
-    n = draft.numel()
-    order = torch.arange(n, device=draft.device, dtype=score.dtype)
-    key = score.clone() - order * 1e-9  # stable tie-break: earlier candidates first
-    key[0] = float("inf")
-    keep = key.topk(min(total, n)).indices  # best first, the root at 0
-    if size_for is not None:
-        keep = keep[: max(1, min(int(size_for(score[keep[1:]].exp())), keep.numel()))]
-    keep = keep.sort().values
-    kept = torch.zeros(n, dtype=torch.bool, device=draft.device)
-    kept[keep] = True
-    missing = kept & ~kept[parent.clamp(min=0)]
-    missing[0] = False
-    while missing.any():  # rare: only on exact float ties
-        kept[parent[missing]] = True
-        missing = kept & ~kept[parent.clamp(min=0)]
-        missing[0] = False
-    keep = kept.nonzero().squeeze(1)
-    remap = torch.full((n,), -1, dtype=torch.long, device=draft.device)
-    remap[keep] = torch.arange(keep.numel(), device=draft.device)
-    parents = torch.where(parent[keep] >= 0, remap[parent[keep].clamp(min=0)], parent[keep])
-    tokens = proposer.to_target_ids(draft[keep].clamp(min=0))
-    tokens[0] = root_token
-    return DraftTree(tokens, TreeBuffers.build(parents), draft[keep])
-
-
 TreeShape = StaticShape | DynamicShape
-
-
-def build_sampled_chain(depth: int, proposer: Proposer, root_token: torch.Tensor, sample: Any,
-                        target_vocab: int) -> tuple[DraftTree, torch.Tensor]:
-    """A chain whose drafts are drawn from the drafter's processed distribution.
-
-    ``sample(logprobs) -> (probs, draft_id)`` applies the sampling parameters to the drafter's
-    log-probs over its own vocabulary and draws one id. Returns the tree and the draft
-    distributions (depth, target_vocab) mapped into target-vocab space (zero outside the draft
-    vocabulary), which ``verify_sampled_chain`` needs."""
-    dev = root_token.device
-    vocab_ids = None
-    logp = proposer.root_logprobs()  # (Vd,)
-    draft = torch.full((depth + 1,), -1, dtype=torch.long, device=dev)
-    q_all = torch.zeros(depth, target_vocab, device=dev)
-    for d in range(1, depth + 1):
-        q, x = sample(logp)
-        if vocab_ids is None:
-            vocab_ids = proposer.to_target_ids(torch.arange(q.numel(), device=dev))
-        q_all[d - 1, vocab_ids] = q
-        draft[d] = x
-        if d < depth:
-            logp = proposer.expand(torch.zeros(1, dtype=torch.long, device=dev),
-                                   proposer.to_target_ids(x.view(1)), d)[0]
-    tokens = proposer.to_target_ids(draft.clamp(min=0))
-    tokens[0] = root_token
-    return DraftTree(tokens, chain_buffers(depth, dev), draft), q_all
-
-
-def build_tree(shape: TreeShape, proposer: Proposer, root_token: torch.Tensor,
-               size_for: SizeFor | None = None, sample: SampleChild | None = None, target_vocab: int = 0) -> DraftTree:
-    """The shape's draft tree; ``size_for`` sizes an adaptive dynamic tree, ``sample`` draws a fork's
-    children (``build_static``); each is ignored by the other family."""
-    if isinstance(shape, StaticShape):
-        return build_static(shape, proposer, root_token, sample, target_vocab)
-    return build_dynamic(shape, proposer, root_token, size_for if shape.adaptive else None)
 
 
 def check_rank_paths(paths: list[list[Any]], shown: str) -> None:

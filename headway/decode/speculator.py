@@ -16,17 +16,18 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..hardware import sync
 from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from ..tokenizer import encode_prompt
 from .args import DecodeError, check_decode_args, check_prompt_list, row_named
-from .batch_proposers import BatchProposer, RowsProposer, make_batch_proposer
+from .layouts import OneRow
 from .policy import TreePolicy, batch_table, drafts_per_token, fit_tree, fitted_table
-from .proposers import hidden_index, make_proposer
+from .proposers import Proposer, RowsProposer, hidden_index, make_proposer
 from .runtime import Runtime
 from .sampling import SamplingParams
-from .shapes import Proposer, TreeShape, chain
-from .stats import BatchOutput, GenerationOutput, GenerationStats, _sync
+from .shapes import TreeShape, chain
+from .stats import BatchOutput, GenerationOutput, GenerationStats
 from .step import Batch, RecordStats, Row, RowScored, StepHooks, choose, commit, draft, prefill, score, step, stopped
 from .verify import Verdict
 
@@ -200,18 +201,18 @@ class Speculator:
         return fit_tree(tree, self.new_proposer())
 
     def new_proposer(self) -> Proposer:
-        """Per-generation draft state (the heads are shared)."""
+        """Per-generation draft state, for any number of rows (the heads are shared)."""
         return make_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
 
-    def new_batch_proposer(self, rows: int) -> BatchProposer:
-        """Draft state of a batch of ``rows`` (``decode/batch_proposers.py``): one drafter call per
-        draft level for all rows; row by row (a ``Proposer`` each) when ``batched_drafting`` is off or
-        ``new_proposer`` was replaced (test oracles), so a custom proposer is never bypassed, and for a
-        single row, where the unbatched proposer's mask-free chain steps are faster."""
+    def new_batch_proposer(self, rows: int) -> Proposer:
+        """Draft state of a batch of ``rows`` (``decode/proposers.py``): one drafter call per draft
+        level for all rows; row by row (``RowsProposer``, one ``new_proposer`` each) when
+        ``batched_drafting`` is off or ``new_proposer`` was replaced (a test oracle drafts one row), so
+        a custom proposer is never bypassed."""
         custom = "new_proposer" in vars(self) or type(self).new_proposer is not Speculator.new_proposer
-        if self.batched_drafting and not custom and rows > 1:
-            return make_batch_proposer(self.heads, self.max_depth, calibrate=self.calibrate)
-        return RowsProposer([self.new_proposer() for _ in range(rows)])
+        if rows > 1 and (custom or not self.batched_drafting):
+            return RowsProposer([self.new_proposer() for _ in range(rows)])
+        return self.new_proposer()
 
     def encode(self, prompt: Any, chat: bool | None = None) -> torch.Tensor:
         """(1, n) token ids of a prompt (``tokenizer.encode_prompt``)."""
@@ -244,7 +245,7 @@ class Speculator:
             if max_new_tokens is None:
                 raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
             length = len(ids) + max_new_tokens + self.policy.largest_size()
-        return prefill(self.runtime, [ids], [row], RowsProposer([self.new_proposer()]), self._pad(), length,
+        return prefill(self.runtime, [ids], [row], self.new_proposer(), self._pad(), length,
                        self._choose)
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
@@ -268,12 +269,11 @@ class Speculator:
         """An independent copy of a one-prompt decode state (for tree search over outcomes in tests)."""
         import copy
 
-        proposer = state.proposer
-        forked = RowsProposer([p.fork() for p in proposer.rows]) if isinstance(proposer, RowsProposer) else None
-        if forked is None or not hasattr(state.kv, "fork"):
+        if not isinstance(state.kv, OneRow):
             raise DecodeError("only a one-prompt decode state can be forked")
         skipped = copy.deepcopy(state.skipped)  # plain steps the proposer has not seen: the copy's too
-        return Batch(state.kv.fork(), forked, [copy.deepcopy(r) for r in state.rows], state.step_cost, skipped)
+        return Batch(state.kv.fork(), state.proposer.fork(), [copy.deepcopy(r) for r in state.rows], state.step_cost,
+                     skipped)
 
     # -- generation ---------------------------------------------------------------------------
     def stream(self, prompt: Any, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
@@ -304,7 +304,7 @@ class Speculator:
             row.stats = stats
         row.stats.prompt_tokens = input_ids.shape[1]
         row.stats.new_tokens = 1
-        _sync(self.device)
+        sync(self.device)
         row.stats.time_prefill = time.perf_counter() - t_start
         yield row.emitted[:]
         hooks: list[StepHooks] = [RecordStats(), *self.hooks]
@@ -391,7 +391,7 @@ class Speculator:
         if self.runtime.static_cache and len(ids) == 1:
             length = len(ids[0]) + rows[0].max_new + self.policy.largest_size()
         batch = prefill(self.runtime, ids, rows, self.new_batch_proposer(len(ids)), self._pad(), length)
-        _sync(self.device)
+        sync(self.device)
         t_prefill = time.perf_counter() - t_start
         done: dict[int, Row] = {}
         forwards = 0

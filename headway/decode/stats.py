@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
-
 from .verify import Verdict
 
 
@@ -69,10 +67,6 @@ class BatchOutput:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.time_total if self.time_total else 0.0
 
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _record_depths(stats: GenerationStats, verdict: Verdict) -> None:

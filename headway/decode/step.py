@@ -1,12 +1,12 @@
 """One decode step for every batch size: draft -> verify -> accept -> commit.
 
     draft    every row's tree, rooted at its last emitted token: one drafter call per draft level
-             for all rows
+             for all rows (``decode/trees.py``: static trees, dynamic trees, sampled chains)
     verify   one target forward over every row's tree (B, N): tree masks, explicit position ids,
              the target's own cache object
-    accept   per row, the longest path the target agrees with plus one bonus token: greedy,
-             exact sampling (deterministic trees, or sampled chains), or typical acceptance; each
-             row with its own sampling parameters and its own generator
+    accept   per row, the longest path the target agrees with plus one bonus token: greedy (all
+             rows in one tensor pass), exact sampling (deterministic trees, or sampled chains), or
+             typical acceptance; a sampled row with its own parameters and its own generator
     commit   the cache keeps the accepted entries, the proposer sees the accepted path and the
              target's hidden states there, the rows' emitted tokens grow; stopped rows leave
 
@@ -22,22 +22,25 @@ and statistics go to hooks (``StepHooks``), not into the step.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from .batch_proposers import BatchProposer, RowsProposer
-from .batch_trees import build_sampled_chains, build_trees
+from ..hardware import sync
+from .kv import in_place
 from .layouts import OneRow, PaddedRows
 from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs
 from .policy import TreePolicy
+from .proposers import Proposer
 from .runtime import Runtime
-from .sampling import (SamplingParams, processed_probs, sample_from, verify_sample, verify_sampled_chain,
-                       verify_typical)
-from .shapes import DraftTree, DynamicShape, SampleChild, TreeShape, build_sampled_chain, build_tree, is_chain
-from .stats import GenerationStats, _record_depths, _sync
-from .verify import Verdict, verify_greedy, verify_greedy_walk
+from .sampling import (SamplingParams, draw_children, draw_draft, processed_probs, sample_from, verify_sample,
+                       verify_sampled_chain, verify_typical)
+from .shapes import DynamicShape, TreeShape, is_chain
+from .stats import GenerationStats, _record_depths
+from .trees import DraftTree, build_trees, sampled_chains
+from .verify import Verdict, stack_trees, verify_greedy, verify_greedy_walk
 
 
 @dataclass
@@ -59,7 +62,7 @@ class Batch:
     layout), the proposer (its rows follow ``rows``)."""
 
     kv: OneRow | PaddedRows
-    proposer: BatchProposer
+    proposer: Proposer
     rows: list[Row]
     step_cost: float | None = None  # seconds of a step outside its verify (running mean): adaptive trees
     skipped: "Skipped | None" = None  # plain steps the proposer has not seen yet
@@ -100,6 +103,8 @@ class Scored:
     node_logits: list[NodeLogits]  # per row: the target's logits at its nodes (projected as read, when lazy)
     features: list[list[torch.Tensor]]  # per row, per feature layer: (N_b, H) target states at its nodes
     verify_time: float
+    tokens: torch.Tensor  # (B, N) the forward's tokens: every row's tree, padded
+    logits: torch.Tensor | None  # (B, N, V) the target's logits there (None when projected as read)
 
     def row(self, b: int) -> "RowScored":
         return RowScored(self.drafts.trees[b], self.node_logits[b], self.features[b], self.verify_time,
@@ -139,7 +144,7 @@ def choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -
 
 
 # -- prefill ------------------------------------------------------------------------------------
-def prefill(rt: Runtime, ids: Sequence[list[int]], rows: Sequence[Row], proposer: BatchProposer, pad: int,
+def prefill(rt: Runtime, ids: Sequence[list[int]], rows: Sequence[Row], proposer: Proposer, pad: int,
             cache_length: int | None = None, pick: Callable[..., torch.Tensor] = choose) -> Batch:
     """One target forward over the prompts; the first token of each row comes from the target
     alone; the proposer reads the prompts' hidden states. One prompt: ``OneRow`` (its cache static
@@ -167,73 +172,39 @@ def _flush(batch: Batch) -> None:
 
 
 def draft(rt: Runtime, policy: TreePolicy, batch: Batch) -> Drafts:
-    """Every row's tree (rooted at its last emitted token): one drafter call per draft level for
-    all rows. Near the context's end a row's tree shrinks. Above T=0 (each row with its parameters
-    and generator) a chain's drafts are sampled, and a fork's children are drawn, each from the
-    drafter's distribution less its earlier siblings (``shapes.build_static``); a greedy row takes
-    the drafter's top ranks."""
-    dev = rt.device
-    roots = torch.tensor([r.emitted[-1] for r in batch.rows], device=dev)
+    """Every row's tree, rooted at its last emitted token: one drafter call per draft level for all
+    rows; near the context's end a row's tree shrinks (``TreePolicy.shape_for``). The path
+    (``decode/trees.py``): sampled chains when a row samples a chain's drafts, else the shape's, a
+    static tree by rank (a fork's children drawn above T=0) or an EAGLE-2 dynamic tree."""
+    rows, proposer = batch.rows, batch.proposer
+    roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     _flush(batch)
     t_draft = time.perf_counter()
-    sampling = any(not r.params.greedy for r in batch.rows)
-    shapes = [policy.shape_for(rt.max_positions - 1 - r.length, sampling, len(batch.rows)) for r in batch.rows]
-    bp = batch.proposer
-    single = bp.rows[0] if isinstance(bp, RowsProposer) and len(batch.rows) == 1 else None
-    sampled = [policy.samples_chain(r.params, s) for r, s in zip(batch.rows, shapes)]
-    if any(sampled):
-        def sampler(r: Row) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-            def sample(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                if r.params.greedy:
-                    x = logp.argmax(-1)
-                    return torch.nn.functional.one_hot(x, logp.shape[-1]).float(), x
-                q = processed_probs(logp, r.params)
-                return q, sample_from(q, torch.rand((), generator=r.gen).to(q.device))
-            return sample
-
-        depth = min(s.depth for s in shapes)
-        if single is not None:
-            tree, q = build_sampled_chain(depth, single, roots[0], sampler(batch.rows[0]), rt.vocab_size)
-            trees, probs = [tree], [q]
-        else:
-            trees, probs = build_sampled_chains(depth, bp, roots, [sampler(r) for r in batch.rows], rt.vocab_size)
-        draft_probs: list[torch.Tensor | None] = [p if s and not r.params.greedy else None
-                                                  for p, s, r in zip(probs, sampled, batch.rows)]
-        bp.end_tree()
-        return Drafts(trees, shapes[0], draft_probs)
-    children = [child_sampler(r) if policy.samples_children(r.params, s) else None
-                for r, s in zip(batch.rows, shapes)]
-    if single is not None:
-        shape = shapes[0]
-        adaptive = isinstance(shape, DynamicShape) and shape.adaptive
-        size_for = policy.size_for(rt, batch.step_cost, t_draft) if adaptive else None
-        trees = [build_tree(shape, single, roots[0], size_for, children[0], rt.vocab_size)]
+    sampling = any(not r.params.greedy for r in rows)
+    shapes = [policy.shape_for(rt.max_positions - 1 - r.length, sampling, len(rows)) for r in rows]
+    if any(policy.samples_chain(r.params, s) for r, s in zip(rows, shapes)):
+        drafts = draft_sampled_chains(rt, policy, batch, roots, shapes)
     else:
-        trees = build_trees(shapes, bp, roots, children if any(children) else (), rt.vocab_size)
-    bp.end_tree()
-    return Drafts(trees, shapes[0], [None] * len(batch.rows))
+        children = [partial(draw_children, params=r.params, gen=r.gen) if policy.samples_children(r.params, s)
+                    else None for r, s in zip(rows, shapes)]
+        adaptive = isinstance(shapes[0], DynamicShape) and shapes[0].adaptive and len(rows) == 1  # batches: TOTAL
+        size_for = policy.size_for(rt, batch.step_cost, t_draft) if adaptive else None
+        trees = build_trees(shapes, proposer, roots, children if any(children) else (), rt.vocab_size, size_for)
+        drafts = Drafts(trees, shapes[0], [None] * len(rows))
+    proposer.end_tree()
+    return drafts
 
 
-def child_sampler(r: Row) -> SampleChild:
-    """Row r's draws of a fork's k children: each from the drafter's processed distribution less the
-    earlier draws (``shapes.SampleChild``), the distribution processed once for all k."""
-    def sample(logp: torch.Tensor, k: int) -> list[tuple[torch.Tensor | None, torch.Tensor]]:
-        q = processed_probs(logp, r.params)
-        draws: list[tuple[torch.Tensor | None, torch.Tensor]] = []
-        taken: list[torch.Tensor] = []
-        for i in range(k):
-            if i:
-                q = q.index_fill(0, taken[-1].view(1), 0.0)
-                z = q.sum()
-                if not z > 0:  # the earlier draws held all of q's mass: the best other token, deterministic
-                    taken.append(logp.index_fill(0, torch.stack(taken), float("-inf")).argmax())
-                    draws.append((None, taken[-1]))
-                    continue
-                q = q / z
-            taken.append(sample_from(q, torch.rand((), generator=r.gen).to(q.device)))
-            draws.append((q, taken[-1]))
-        return draws
-    return sample
+def draft_sampled_chains(rt: Runtime, policy: TreePolicy, batch: Batch, roots: torch.Tensor,
+                         shapes: Sequence[TreeShape]) -> Drafts:
+    """Speculative sampling's drafts: every row drafts a chain as deep as the shallowest row's, each
+    draft drawn from the row's processed draft distribution q (a greedy row's: the argmax); a
+    sampling row's verification reads the q its drafts were drawn from."""
+    rows = batch.rows
+    draws = [partial(draw_draft, params=r.params, gen=r.gen) for r in rows]
+    trees, q = sampled_chains(min(s.depth for s in shapes), batch.proposer, roots, draws, rt.vocab_size)
+    return Drafts(trees, shapes[0], [q[b] if policy.samples_chain(r.params, s) else None
+                                     for b, (r, s) in enumerate(zip(rows, shapes))])
 
 
 # -- verify -------------------------------------------------------------------------------------
@@ -252,10 +223,10 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
         extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
                      layers=sorted(set(rt.layers) | {last}))
     tokens, pos, mask = batch.kv.tree_inputs(trees, lengths, pad, rt.dtype)
-    _sync(rt.device)
+    sync(rt.device)
     t = time.perf_counter()
     out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask, **extra)
-    _sync(rt.device)
+    sync(rt.device)
     seconds = time.perf_counter() - t
     node_logits, features = [], []
     for b, tree in enumerate(trees):
@@ -263,7 +234,7 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
         node_logits.append(NodeLogits(tree.buffers, hidden=out.hidden_states[last][b], head=rt.projection) if lazy
                            else NodeLogits(tree.buffers, full=out.logits[b, :n]))
         features.append(rt.features(out, b, slice(0, n)))
-    return Scored(drafts, node_logits, features, seconds)
+    return Scored(drafts, node_logits, features, seconds, tokens, None if lazy else out.logits)
 
 
 # -- accept -------------------------------------------------------------------------------------
@@ -275,7 +246,9 @@ def verify_row(tree: DraftTree, logits: NodeLogits | torch.Tensor, params: Sampl
     if isinstance(logits, torch.Tensor):
         logits = NodeLogits(b, full=logits)
     if params.greedy:
-        return verify_greedy_walk(tokens, b, logits) if logits.lazy else verify_greedy(tokens, b, logits.all())
+        if logits.lazy:
+            return verify_greedy_walk(tokens, b, logits)
+        return verify_greedy(tokens[None], b.parents[None], b.retrieve[None], logits.all()[None])[0]
     u = torch.rand(b.size + 1, generator=gen).to(tokens.device)
     if draft_probs is not None:  # a sampled chain: one vectorised test
         return verify_sampled_chain(tokens, processed_probs(logits.all(), params), draft_probs, u[:-1], u[-1])
@@ -287,8 +260,13 @@ def verify_row(tree: DraftTree, logits: NodeLogits | torch.Tensor, params: Sampl
 
 
 def accept(policy: TreePolicy, batch: Batch, scored: Scored) -> list[Verdict]:
-    return [verify_row(scored.drafts.trees[b], scored.node_logits[b], r.params, r.gen, scored.drafts.draft_probs[b],
-                       policy.typical) for b, r in enumerate(batch.rows)]
+    """Every row's verdict: greedy rows all in one tensor pass (``verify_greedy``), else row by row,
+    each with its own sampling parameters and generator (``verify_row``)."""
+    trees = scored.drafts.trees
+    if scored.logits is not None and all(r.params.greedy for r in batch.rows):
+        return verify_greedy(scored.tokens, *stack_trees([t.buffers for t in trees]), scored.logits)
+    return [verify_row(trees[b], scored.node_logits[b], r.params, r.gen, scored.drafts.draft_probs[b], policy.typical)
+            for b, r in enumerate(batch.rows)]
 
 
 # -- commit -------------------------------------------------------------------------------------
@@ -315,11 +293,19 @@ def commit(batch: Batch, scored: Scored, verdicts: Sequence[Verdict], eos: set[i
     trees = scored.drafts.trees
     width = max(t.tokens.numel() for t in trees)
     starts = [r.length for r in batch.rows]
-    batch.kv.keep(verdicts, starts, width)
-    paths = [torch.cat([t.tokens[v.nodes], v.bonus.view(1)]) for t, v in zip(trees, verdicts)]
-    feats = [[f[v.nodes] for f in fs] for fs, v in zip(scored.features, verdicts)]
+    nodes = [v.nodes for v in verdicts]  # (m_b + 1,) each
+    paths = [torch.cat([t.tokens[n], v.bonus.view(1)]) for t, n, v in zip(trees, nodes, verdicts)]  # (m_b + 2,)
+    host = torch.cat([x for n, p in zip(nodes, paths) for x in (n, p[1:])]).tolist()  # the step's one read: all rows
+    kept, emitted = [], []
+    for n in nodes:
+        k = n.numel()
+        kept.append(host[:k])
+        emitted.append(host[k:2 * k])  # the accepted drafts and the bonus
+        del host[:2 * k]
+    batch.kv.keep(nodes, [not in_place(h) for h in kept], starts, width)
+    feats = [[f[n] for f in fs] for fs, n in zip(scored.features, nodes)]
     batch.proposer.accept(paths, feats, starts)
-    return _advance(batch, [p[1:].tolist() for p in paths], eos)
+    return _advance(batch, emitted, eos)
 
 
 def _advance(batch: Batch, emitted: Sequence[list[int]], eos: set[int]) -> tuple[list[list[int]], list[Row]]:
@@ -339,12 +325,12 @@ def _advance(batch: Batch, emitted: Sequence[list[int]], eos: set[int]) -> tuple
             finished.append(r)
         else:
             keep.append(i)
-    if finished:
+    if finished and keep:  # the last row leaving ends the generation: nothing to keep
         batch.kv.select(keep)
         batch.proposer.select(keep)
         if batch.skipped is not None:
             batch.skipped.select(keep)
-        batch.rows = [batch.rows[i] for i in keep]
+    batch.rows = [batch.rows[i] for i in keep]
     return news, finished
 
 
@@ -361,10 +347,10 @@ def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Te
     roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     lengths = [r.length for r in rows]
     tokens, pos, mask = batch.kv.plain_inputs(roots, lengths, rt.dtype)  # (B, 1), (B, 1), mask or None
-    _sync(rt.device)
+    sync(rt.device)
     t = time.perf_counter()
     out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask)
-    _sync(rt.device)
+    sync(rt.device)
     seconds = time.perf_counter() - t
     logits = out.logits[:, -1]  # (B, V)
     if all(r.params.greedy for r in rows):
@@ -385,50 +371,40 @@ def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Te
 # -- the step -----------------------------------------------------------------------------------
 def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
          hooks: Sequence[StepHooks] = ()) -> tuple[list[Row], list[list[int]], list[Row]]:
-    """draft -> verify -> accept -> commit. Returns (the rows as they entered, each one's new
-    tokens, the rows that stopped)."""
-    rows = list(batch.rows)
-    B = len(rows)
-    t0 = time.perf_counter()
-    sampling = any(not r.params.greedy for r in rows)
-    if not policy.speculate(B, sampling):
-        new, finished, seconds = plain(rt, batch, eos)
-        total = time.perf_counter() - t0
-        policy.record(B, False, B, total, sampling)
-        times = {"draft": 0.0, "verify": seconds, "bookkeeping": total - seconds, "total": total}
-        for h in hooks:
-            h.on_step(_View(rows, batch), None, None, new, times)
-        return rows, new, finished
-    drafts = draft(rt, policy, batch)
-    t1 = time.perf_counter()
-    scored = score(rt, policy, batch, drafts, pad)
-    verdicts = accept(policy, batch, scored)
-    new, finished = commit(batch, scored, verdicts, eos)
-    _sync(rt.device)
+    """draft -> verify -> accept -> commit, or a plain step where the policy says speculation does not
+    pay at this batch size. Returns (the rows as they entered, each one's new tokens, the rows that
+    stopped)."""
+    entered = replace(batch, rows=list(batch.rows))  # as it entered the step: before stopped rows leave
+    B, t0 = len(batch.rows), time.perf_counter()
+    sampling = any(not r.params.greedy for r in batch.rows)
+    scored, verdicts = None, None
+    if policy.speculate(B, sampling):
+        drafts = draft(rt, policy, batch)
+        t_draft = time.perf_counter() - t0
+        scored = score(rt, policy, batch, drafts, pad)
+        verdicts = accept(policy, batch, scored)
+        new, finished = commit(batch, scored, verdicts, eos)
+        sync(rt.device)
+        verify = scored.verify_time + sum(n.seconds for n in scored.node_logits)  # lm_head rows read: the target's
+        tokens = sum(v.nodes.numel() for v in verdicts)
+    else:
+        new, finished, verify = plain(rt, batch, eos)
+        t_draft, tokens = 0.0, B
     total = time.perf_counter() - t0
-    projected = sum(n.seconds for n in scored.node_logits)  # lm_head rows read by verification: the target's time
-    times = {"draft": t1 - t0, "verify": scored.verify_time + projected,
-             "bookkeeping": total - (t1 - t0) - scored.verify_time - projected, "total": total}
-    policy.record(B, True, sum(v.nodes.numel() for v in verdicts), total, sampling)
-    rest = total - scored.verify_time - projected
-    batch.step_cost = rest if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * rest
+    policy.record(B, scored is not None, tokens, total, sampling)
+    if scored is not None:  # the rest of a step, for adaptive trees' sizes: a running mean
+        batch.step_cost = total - verify if batch.step_cost is None else 0.8 * batch.step_cost + 0.2 * (total - verify)
+    times = {"draft": t_draft, "verify": verify, "bookkeeping": total - t_draft - verify, "total": total}
     for h in hooks:
-        h.on_step(_View(rows, batch), scored, verdicts, new, times)
-    return rows, new, finished
-
-
-class _View:
-    """The batch as it entered the step (its rows before stopped ones left)."""
-
-    def __init__(self, rows: list[Row], batch: Batch) -> None:
-        self.rows, self.kv, self.proposer, self.step_cost = rows, batch.kv, batch.proposer, batch.step_cost
+        h.on_step(entered, scored, verdicts, new, times)
+    return entered.rows, new, finished
 
 
 class RecordStats:
     """The hook that keeps every row's ``GenerationStats``: forwards, tree nodes, lm_head rows,
     accepted depths, and the step's times as each row lived through them."""
 
-    def on_step(self, batch: Any, scored: Scored | None, verdicts: Sequence[Verdict] | None,
+    def on_step(self, batch: Batch, scored: Scored | None, verdicts: Sequence[Verdict] | None,
                 new: Sequence[list[int]], times: dict[str, float]) -> None:
         for b, r in enumerate(batch.rows):
             s = r.stats

@@ -3,13 +3,15 @@
 A draft tree of N nodes is ``parents`` (N,) int64 with ``parents[0] == -1`` (the root: the last
 token already emitted) and ``parents[i] < i`` (topological order). Every buffer the verifier
 needs — depth, ancestor mask, float attention mask, position ids, root-to-leaf paths — is
-derived here, vectorised over nodes (loops run over depth levels only).
+derived here, vectorised over nodes (loops run over depth levels only; with the depth bound known
+ahead, as for a step's dynamic tree, without a host read).
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -24,28 +26,35 @@ def check_parents(parents: torch.Tensor) -> None:
         raise ValueError("parents must be topologically ordered: parents[i] < i")
 
 
-def tree_depth(parents: torch.Tensor) -> torch.Tensor:
-    """(N,) depth of each node; the root has depth 0."""
-    depth = torch.zeros_like(parents)
+def ancestors(parents: torch.Tensor, levels: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Walk every node up the tree at once: per step up, (alive (N,), ancestor (N,)), each node's
+    ancestor that many steps up (alive where it has one; -1 past the root). ``levels``: a bound on the
+    depth known ahead, walked without a host read; None: until no node has an ancestor left (one read
+    per level: for trees built once, such as static shapes)."""
     cur = parents.clone()
-    while (cur >= 0).any():
+    for _ in range(parents.numel() if levels is None else levels):
         alive = cur >= 0
-        depth += alive.long()
+        if levels is None and not alive.any():
+            return
+        yield alive, cur
         cur = torch.where(alive, parents[cur.clamp(min=0)], cur)
+
+
+def tree_depth(parents: torch.Tensor, levels: int | None = None) -> torch.Tensor:
+    """(N,) depth of each node; the root has depth 0 (``levels``: as ``ancestors``)."""
+    depth = torch.zeros_like(parents)
+    for alive, _ in ancestors(parents, levels):
+        depth += alive.long()
     return depth
 
 
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+def ancestor_mask(parents: torch.Tensor, levels: int | None = None) -> torch.Tensor:
     """(N, N) bool: ``[i, j]`` is True iff node j is node i itself or one of its ancestors."""
     N = parents.numel()
     idx = torch.arange(N, device=parents.device)
-    anc = torch.zeros(N, N, dtype=torch.bool, device=parents.device)
-    anc[idx, idx] = True
-    cur = parents.clone()
-    while (cur >= 0).any():
-        alive = cur >= 0
-        anc[idx[alive], cur[alive]] = True
-        cur = torch.where(alive, parents[cur.clamp(min=0)], cur)
+    anc = torch.eye(N, dtype=torch.bool, device=parents.device)
+    for alive, cur in ancestors(parents, levels):
+        anc[idx, cur.clamp(min=0)] |= alive  # a node past the root writes False over column 0: no change
     return anc
 
 
@@ -84,6 +93,18 @@ def retrieve_indices(parents: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def root_paths(parents: torch.Tensor, depth: torch.Tensor, levels: int) -> torch.Tensor:
+    """(N, levels + 1) every node's root path (node indices by depth, root first), padded with -1:
+    the leaves' rows are ``retrieve_indices``' paths, the others prefixes of them. ``levels`` bounds
+    the depth; no host read (a tree built every step: a dynamic one)."""
+    N = parents.numel()
+    out = torch.full((N, levels + 2), -1, dtype=torch.long, device=parents.device)  # the last column: a bin
+    out.scatter_(1, depth[:, None], torch.arange(N, device=parents.device)[:, None])
+    for alive, cur in ancestors(parents, levels):
+        out.scatter_(1, torch.where(alive, depth[cur.clamp(min=0)], levels + 1)[:, None], cur[:, None])
+    return out[:, :levels + 1]
+
+
 def first_children(parents: torch.Tensor) -> dict[int, int]:
     """node -> its first child, for nodes with children. Children come in rank order, so the first
     is the drafter's best guess (where a greedy walk most likely goes next)."""
@@ -100,12 +121,16 @@ class TreeBuffers:
     parents: torch.Tensor  # (N,)
     depth: torch.Tensor  # (N,)
     visible: torch.Tensor  # (N, N) bool ancestor-or-self
-    retrieve: torch.Tensor  # (n_leaves, D + 1)
+    retrieve: torch.Tensor  # (n_paths, D + 1) root paths covering every leaf, padded with -1
 
     @classmethod
-    def build(cls, parents: torch.Tensor) -> "TreeBuffers":
+    def build(cls, parents: torch.Tensor, levels: int | None = None) -> "TreeBuffers":
+        """``levels``: a bound on the tree's depth, known ahead; the buffers then cost no host read
+        (``retrieve`` holds every node's root path, ``root_paths``, and ``max_depth`` is the bound)."""
         parents = parents.long()
-        return cls(parents, tree_depth(parents), ancestor_mask(parents), retrieve_indices(parents))
+        depth = tree_depth(parents, levels)
+        paths = retrieve_indices(parents) if levels is None else root_paths(parents, depth, levels)
+        return cls(parents, depth, ancestor_mask(parents, levels), paths)
 
     @property
     def size(self) -> int:

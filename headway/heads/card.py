@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 _TITLES = {"medusa": "Medusa heads", "eagle1": "EAGLE-1 drafter", "eagle3": "EAGLE-3 drafter",
-           "dflash": "DFlash block drafter"}
+           "dflash": "DFlash block drafter", "peagle": "P-EAGLE parallel drafter"}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _ABSOLUTE = re.compile(r"^(?:/|~|[A-Za-z]:[\\/]|\\\\)")  # POSIX, home, Windows drive or UNC
 LOCAL_HEADS = "path/to/these/heads"  # the saved card's name for the heads; push puts the repo id there
@@ -187,6 +187,29 @@ def suites_section(suites: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _number(value: Any) -> str | None:
+    return f"{float(value):.3f}" if isinstance(value, (int, float)) else None
+
+
+def adapt_section(adapt: dict[str, Any]) -> list[str]:
+    """``headway adapt``'s lineage: the heads these continue, the prompts, tau before and after, the compute."""
+    prompts, tau, compute = adapt.get("prompts") or {}, adapt.get("tau") or {}, adapt.get("compute") or {}
+    rows = [("continued from", adapt.get("base_heads")), ("generation", adapt.get("generation")),
+            ("prompts", prompts.get("source")),
+            ("prompts (training / held out)", f"{prompts.get('train')} / {prompts.get('heldout')}" if prompts else None),
+            ("tau before (served heads)", _number(tau.get("before"))), ("tau after (these heads)", _number(tau.get("after"))),
+            ("gain (threshold)", f"{tau['gain']:+.1%} ({tau.get('threshold', 0):.1%})" if "gain" in tau else None),
+            ("distillation", f"{compute.get('distill_s')} s, {compute.get('distill_tokens')} tokens written"
+             if compute else None),
+            ("training", f"{compute.get('train_s')} s, {compute.get('train_tokens')} tokens" if compute else None)]
+    lines = ["", "## Adaptation (`headway adapt`)", "",
+             "Continued from served heads on new prompts and published because tau on a held-out slice of them "
+             "(never trained on) improved by the threshold: " + str(tau.get("measured", "")) + ".", "",
+             "| | |", "|---|---|"]
+    lines += [f"| {k} | {scrub_paths(v) if isinstance(v, str) else v} |" for k, v in rows if v is not None]
+    return lines + _json_block("the whole lineage", adapt)
+
+
 def license_section(license: str, view: TargetView) -> list[str]:
     if license == OTHER_LICENSE:
         text = (f"`other`: these weights are derived from the target ({view.label}); check the target model's "
@@ -223,6 +246,8 @@ def model_card(cfg: dict[str, Any], repo_id: str | None = None, license: str | N
         lines += acceptance_section(meta["eval"])
     if meta.get("suites"):
         lines += suites_section(meta["suites"])
+    if meta.get("adapt"):
+        lines += adapt_section(meta["adapt"])
     if meta.get("decode"):
         lines += ["", "## Decoding", "", "```json", json.dumps(scrub_paths(meta["decode"]), indent=2), "```"]
     lines += ["", "## Use", "", "```python", "from headway.decode import Speculator", "",

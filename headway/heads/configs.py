@@ -12,7 +12,7 @@ from ..config import opt
 
 EXPORT_FORMATS = ("vllm", "sglang", "trtllm", "speculators")
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
-IMPORT_FORMATS = ("medusa", "eagle", "dflash")  # the keys of importers.IMPORTERS
+IMPORT_FORMATS = ("medusa", "eagle", "dflash", "peagle")  # the keys of importers.IMPORTERS
 
 
 @dataclass
@@ -24,16 +24,17 @@ class ImportConfig:
                                    "'demo' = the demo target")
     format: str = opt("auto", "reference format: auto (from the files), medusa (FasterDecoding or vLLM "
                               "Medusa), eagle (EAGLE-1/EAGLE-3 layouts, speculators), dflash (the published DFlash "
-                              "layout or speculators'); reads every `headway export` format",
+                              "layout or speculators' dflash / dspark), peagle (vLLM's P-EAGLE layout or "
+                              "speculators'); reads every `headway export` format",
                       choices=("auto", *IMPORT_FORMATS))
 
 
 @dataclass
 class ExportConfig:
     heads: str = opt(help="headway heads: a checkpoint folder or a Hub repo id (org/name)", positional=True)
-    format: str = opt(help="engine format: vllm (Medusa, EAGLE-1, EAGLE-3, DFlash: its published layout, which "
-                           "SGLang reads too), sglang (EAGLE-1, EAGLE-3), trtllm (Medusa, EAGLE-3), speculators "
-                           "(EAGLE-3, DFlash; vLLM loads it by itself)",
+    format: str = opt(help="engine format: vllm (Medusa, EAGLE-1, EAGLE-3, P-EAGLE, DFlash: its published layout, "
+                           "which SGLang reads too), sglang (EAGLE-1, EAGLE-3), trtllm (Medusa, EAGLE-3), speculators "
+                           "(EAGLE-3, P-EAGLE, DFlash, DSpark; vLLM loads it by itself)",
                       choices=EXPORT_FORMATS)
     out: str = opt(help="write the engine folder here: a new folder, or one holding only an earlier headway export to "
                         "this format (replaced atomically); never the heads' folder or a folder around it")

@@ -21,6 +21,17 @@ dependence (the idea of Domino, a successor of DFlash): a GRU cell walks the dra
 each slot the parent token's embedding and the slot's normed output, and a linear map of its state
 is added to the slot's logits. One block call still drafts every depth; the tree pays one GRU step
 and one rank-r projection per node. The map starts at zero: an untrained correction changes nothing.
+
+**DSpark** (Cheng et al. 2026, arXiv 2607.05147; vLLM's ``qwen3_dspark.py``, speculators' ``dspark``) adds
+two small heads to the same block, laid out as vLLM loads them (docs/peagle.md):
+- a low-rank **Markov head** (``markov_rank`` r): slot k's logits gain ``markov_w2(markov_w1[x])``, x the
+  token before the slot (the anchor for slot 1, then the drafted token at slot k-1): the first-order
+  dependence a plain block lacks, one embedding row and one (Vd, r) product per slot. ``markov_w2``
+  starts at zero: an untrained head changes nothing.
+- a **confidence head**: ``sigmoid(proj(cat(norm(h_k), markov_w1[x])))``, the chance that slot k's draft
+  is accepted (trained against the overlap sum_v min(p_v, q_v) of the target's and the drafter's
+  distributions). Its running product over a block (``survival``) is what a decoder reads to choose
+  how many drafts to verify in each step; it never changes which tokens are emitted.
 """
 
 from __future__ import annotations
@@ -61,6 +72,11 @@ class DFlashConfig:
     qk_norm: bool = opt(True, "per-head RMSNorm on queries and keys (Qwen3-style, as vLLM's DFlash layers)")
     correction_rank: int = opt(0, "state size of the path correction (a GRU over the drafted tokens whose state "
                                   "adds to each slot's logits); 0 = none, the plain DFlash block")
+    markov_rank: int = opt(0, "DSpark: rank of the Markov head (a logit bias from the token before each slot); "
+                              "0 = none")
+    confidence_head: bool = opt(False, "DSpark: a head estimating each slot's chance of acceptance")
+    confidence_with_markov: bool = opt(True, "DSpark: the confidence head also reads the Markov embedding of "
+                                             "the token before the slot (needs markov_rank > 0)")
     layer: LayerGeometry = field(default_factory=lambda: LayerGeometry(0, 0, 1, 1, 1))
 
     def __post_init__(self) -> None:
@@ -75,8 +91,14 @@ class DFlashConfig:
                              f"got {self.mask_token_id}")
         if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size must be in 1..{self.vocab_size}; got {self.draft_vocab_size}")
-        if self.correction_rank < 0:
-            raise ValueError(f"correction_rank must be >= 0; got {self.correction_rank}")
+        if self.correction_rank < 0 or self.markov_rank < 0:
+            raise ValueError(f"correction_rank and markov_rank must be >= 0; got {self.correction_rank}, "
+                             f"{self.markov_rank}")
+        if self.correction_rank and self.markov_rank:
+            raise ValueError("a path correction and a Markov head both bias a slot by the tokens before it; "
+                             "use one (correction_rank or markov_rank)")
+        if self.confidence_head and self.confidence_with_markov and not self.markov_rank:
+            raise ValueError("confidence_with_markov needs a Markov head (markov_rank > 0)")
 
 
 class PathCorrection(nn.Module):
@@ -92,6 +114,38 @@ class PathCorrection(nn.Module):
         """state (n, r) or None (the root: zeros), parent_embeds (n, H), slot (n, H) normed -> (n, r)."""
         x = torch.cat([parent_embeds, slot], dim=-1).to(self.cell.weight_ih.dtype)
         return self.cell(x, state)
+
+
+class MarkovHead(nn.Module):
+    """DSpark's first-order logit bias: ``markov_w2(markov_w1[x])``, x the target id before the slot."""
+
+    def __init__(self, vocab: int, draft_vocab: int, rank: int) -> None:
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab, rank)  # (V, r): every target id, as the tokens before a slot are
+        self.markov_w2 = nn.Linear(rank, draft_vocab, bias=False)  # (Vd, r)
+        nn.init.zeros_(self.markov_w2.weight)  # starts as the plain block
+
+    def embed(self, parents: torch.Tensor) -> torch.Tensor:
+        """(...,) target ids -> (..., r)."""
+        return self.markov_w1(parents)
+
+
+class ConfidenceHead(nn.Module):
+    """DSpark's acceptance estimate: one linear unit over the slot's normed output (and Markov embedding)."""
+
+    def __init__(self, input_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(input_size, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., input_size) -> (...,) logits."""
+        return self.proj(x)[..., 0]
+
+
+def survival(confidence: torch.Tensor) -> torch.Tensor:
+    """(..., K) per-slot acceptance estimates -> (..., K): the chance that slots 1..k are all accepted (the
+    running product), the gain of verifying k drafts: ``decode/cost.best_size`` reads it per row."""
+    return confidence.cumprod(dim=-1)
 
 
 class DFlashDrafter(DraftVocab, HeadsBase):
@@ -110,13 +164,19 @@ class DFlashDrafter(DraftVocab, HeadsBase):
             self._init_draft_vocab(config.draft_vocab_size, config.vocab_size)
         if config.correction_rank:
             self.correction = PathCorrection(H, config.correction_rank, config.draft_vocab_size or config.vocab_size)
+        if config.markov_rank:
+            self.markov_head = MarkovHead(config.vocab_size, config.draft_vocab_size or config.vocab_size,
+                                          config.markov_rank)
+        if config.confidence_head:
+            self.confidence_head = ConfidenceHead(H + (config.markov_rank if config.confidence_with_markov else 0))
         self.rotary = LlamaRotaryEmbedding(g.llama_config())  # inv_freq is a non-persistent buffer
         self.feature_layers = list(config.aux_layers)
 
     @classmethod
     def for_target(cls, target: nn.Module, mask_token_id: int, block_size: int = 8, num_layers: int = 1,
                    aux_layers: list[int] | None = None, draft_vocab: torch.Tensor | None = None,
-                   qk_norm: bool = True, correction_rank: int = 0) -> "DFlashDrafter":
+                   qk_norm: bool = True, correction_rank: int = 0, markov_rank: int = 0,
+                   confidence_head: bool = False, confidence_with_markov: bool = True) -> "DFlashDrafter":
         """A fresh drafter for ``target``; ``draft_vocab`` (target ids) gives it an own lm_head over
         those tokens, initialised from the target's rows."""
         g = LayerGeometry.from_target(target.config)
@@ -124,7 +184,8 @@ class DFlashDrafter(DraftVocab, HeadsBase):
         layers = aux_layers or default_context_layers(int(target.config.num_hidden_layers))
         cfg = DFlashConfig(hidden_size=g.hidden_size, vocab_size=V, block_size=block_size, num_layers=num_layers,
                            aux_layers=list(layers), mask_token_id=int(mask_token_id), qk_norm=qk_norm, layer=g,
-                           correction_rank=correction_rank,
+                           correction_rank=correction_rank, markov_rank=markov_rank,
+                           confidence_head=confidence_head, confidence_with_markov=confidence_with_markov,
                            draft_vocab_size=None if draft_vocab is None else int(torch.as_tensor(draft_vocab).numel()))
         heads = cls(cfg, TargetInfo.of(target)).to(target.get_output_embeddings().weight.device)
         if draft_vocab is not None:
@@ -145,6 +206,14 @@ class DFlashDrafter(DraftVocab, HeadsBase):
     @property
     def has_correction(self) -> bool:
         return self.config.correction_rank > 0
+
+    @property
+    def has_markov(self) -> bool:
+        return self.config.markov_rank > 0
+
+    @property
+    def has_confidence(self) -> bool:
+        return self.config.confidence_head
 
     # -- the forward pieces -------------------------------------------------------------------
     def fuse(self, target_features: list[torch.Tensor]) -> torch.Tensor:
@@ -174,16 +243,36 @@ class DFlashDrafter(DraftVocab, HeadsBase):
             x = layer(x, cos, sin, k, v, mask)
         return x
 
-    def logits(self, h: torch.Tensor, state: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, Q, H) -> (B, Q, Vd): the final norm, then the own draft-vocabulary lm_head or the target's;
-        plus the path correction of ``state`` (B, Q, r) when given."""
+    def logits(self, h: torch.Tensor, state: torch.Tensor | None = None,
+               parents: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., H) pre-norm slot outputs -> (..., Vd): the final norm, then the own draft-vocabulary lm_head
+        or the target's; plus the path correction of ``state`` (..., r) when given; plus, for a drafter
+        with a Markov head, its bias from ``parents`` (...,), the target id before each slot (required)."""
         h = self.norm(h)
         if self.has_draft_vocab:
             logits = self.lm_head(h)
         else:
             lm = self.target_lm_head
             logits = lm(h.to(lm.weight.dtype))
-        return logits if state is None else logits + self.correction.out(state).to(logits.dtype)
+        if state is not None:
+            logits = logits + self.correction.out(state).to(logits.dtype)
+        if self.has_markov:
+            if parents is None:
+                raise HeadsError("a DFlash drafter with a Markov head (DSpark) needs the token before each slot "
+                                 "(parents) for its logits")
+            logits = logits + self.markov_head.markov_w2(self.markov_head.embed(parents)).to(logits.dtype)
+        return logits
+
+    def confidence_logit(self, h: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., H) pre-norm slot outputs, parents (...,) target ids -> (...,) the confidence head's logit."""
+        x = self.norm(h)
+        if self.config.confidence_with_markov:
+            x = torch.cat([x, self.markov_head.embed(parents).to(x.dtype)], dim=-1)
+        return self.confidence_head(x.to(self.confidence_head.proj.weight.dtype))
+
+    def confidence(self, h: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+        """The chance each slot's draft is accepted, (...,) in [0, 1] (``survival`` chains them)."""
+        return torch.sigmoid(self.confidence_logit(h, parents).float())
 
     draft_logits = logits  # the same in every mode
     draft_to_target_ids = DraftVocab.to_target_ids

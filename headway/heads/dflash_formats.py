@@ -18,6 +18,16 @@ reference implementation (z-lab ``dflash/model.py``) and vLLM (``models/qwen3_df
 - vLLM's DFlash layer always has q/k norms and captures aux states before the final norm, so a
   drafter without q/k norms, or one reading HF index 0 (the embeddings) or L (post-norm in
   transformers v5), is refused.
+- **DSpark** (a drafter with ``markov_rank`` or ``confidence_head``): speculators' ``dspark`` type, read by
+  vLLM's ``update_dspark`` into ``Qwen3DSparkModel`` (``models/qwen3_dspark.py``): the DFlash tensors plus
+  ``markov_head.markov_w1.weight (V, r)``, ``markov_head.markov_w2.weight (Vd, r)`` and, with
+  ``enable_confidence_head``, ``confidence_head.proj.weight (1, H [+ r])`` and ``.bias (1,)``; config keys
+  ``markov_rank``, ``markov_head_type: vanilla`` (the only head vLLM builds), ``enable_confidence_head``,
+  ``confidence_head_with_markov`` and ``sample_from_anchor: false`` (headway's block: the anchor is the
+  bonus token and slot k predicts anchor + k, vLLM's "fill-in" layout; vLLM defaults to false when the key
+  is absent, speculators' trainer to true). vLLM always builds the Markov head, so a confidence head
+  without one is refused; vLLM serves DSpark on its GPU model runner (V2) only, and has no other layout
+  for it, so ``--format vllm`` refuses DSpark drafters.
 """
 
 from __future__ import annotations
@@ -52,10 +62,21 @@ def dflash_spec(c: dict[str, Any]) -> Spec:
                  f"{p}mlp.gate_proj.weight": ((I, H), None), f"{p}mlp.up_proj.weight": ((I, H), None),
                  f"{p}mlp.down_proj.weight": ((H, I), None), f"{p}input_layernorm.weight": ((H,), None),
                  f"{p}post_attention_layernorm.weight": ((H,), None)}
-    Vd = c["draft_vocab_size"]
+    Vd, r = c["draft_vocab_size"], c.get("markov_rank") or 0
     if Vd < c["vocab_size"]:
         spec |= {"lm_head.weight": ((Vd, H), None), "d2t": ((Vd,), torch.int64), "t2d": ((c["vocab_size"],), torch.bool)}
+    if r:
+        spec |= {"markov_head.markov_w1.weight": ((c["vocab_size"], r), None),
+                 "markov_head.markov_w2.weight": ((Vd, r), None)}
+    if c.get("enable_confidence_head"):
+        width = H + (r if c.get("confidence_head_with_markov") else 0)
+        spec |= {"confidence_head.proj.weight": ((1, width), None), "confidence_head.proj.bias": ((1,), None)}
     return spec
+
+
+def is_dspark(cfg: dict[str, Any]) -> bool:
+    """A drafter with DSpark's heads (a Markov head, a confidence head)."""
+    return bool(cfg.get("markov_rank") or cfg.get("confidence_head"))
 
 
 def qwen3_layer_config(cfg: dict[str, Any], dtype: str) -> dict[str, Any]:
@@ -94,6 +115,9 @@ def _checked(cfg: dict[str, Any]) -> int:
 
 def dflash_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None, dtype: str) -> Export:
     """The reference layout (vLLM ``method: dflash``, SGLang ``DFLASH``)."""
+    if is_dspark(cfg):
+        raise ExportError("this DFlash drafter has DSpark heads (markov_rank / confidence_head), which vLLM serves "
+                          "only from speculators' dspark layout: export --format speculators")
     L = _checked(cfg)
     ids = [i - 1 for i in cfg["aux_layers"]]
     Vd = cfg.get("draft_vocab_size") or cfg["vocab_size"]
@@ -115,7 +139,7 @@ def dflash_vllm(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.
 def dflash_speculators(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head: torch.Tensor | None,
                        dtype: str) -> Export:
     """The speculators layout: ``vllm serve THIS_FOLDER`` finds the target (its verifier) by itself."""
-    from .export_speculators import _verifier
+    from .export_speculators import _verifier, proposal
 
     _checked(cfg)
     verifier = _verifier(cfg)
@@ -123,26 +147,54 @@ def dflash_speculators(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head:
     layer.pop("torch_dtype")
     Vd = cfg.get("draft_vocab_size") or cfg["vocab_size"]
     k = cfg["block_size"] - 1
-    method = {"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1, "accept_tolerance": 0.0}
-    config = {"architectures": [SPECULATORS_ARCH], "speculators_model_type": "dflash",
-              "speculators_config": {"algorithm": "dflash", "default_proposal_method": "greedy",
-                                     "proposal_methods": [method], "verifier": verifier},
+    kind, arch, heads = "dflash", SPECULATORS_ARCH, {}
+    if is_dspark(cfg):
+        if not cfg.get("markov_rank"):
+            raise ExportError("this DFlash drafter has a confidence head but no Markov head, and vLLM's DSpark model "
+                              "always has one (qwen3_dspark.py); retrain with dflash.markov_rank > 0")
+        kind, arch = "dspark", "DSparkSpeculator"
+        heads = {"markov_rank": cfg["markov_rank"], "markov_head_type": "vanilla",
+                 "enable_confidence_head": bool(cfg.get("confidence_head")),
+                 "confidence_head_with_markov": bool(cfg.get("confidence_head") and cfg.get("confidence_with_markov")),
+                 "sample_from_anchor": False}
+    config = {"architectures": [arch], "speculators_model_type": kind,
+              "speculators_config": proposal(kind, k, verifier), **heads,
               "transformer_layer_config": layer, "draft_vocab_size": Vd, "block_size": cfg["block_size"],
               "target_hidden_size": cfg["hidden_size"], "aux_hidden_state_layer_ids": list(cfg["aux_layers"]),
               "mask_token_id": cfg["mask_token_id"], "torch_dtype": dtype,
               "headway": _provenance(cfg, "speculators", aux_layers_hf_index=list(cfg["aux_layers"]),
                                      aux_layers_written=list(cfg["aux_layers"]),
                                      aux_layer_convention="HF output_hidden_states index")}
-    flat = layer | {"target_hidden_size": cfg["hidden_size"], "draft_vocab_size": Vd,
-                    "num_aux_layers": len(cfg["aux_layers"])}
+    flat = layer | heads | {"target_hidden_size": cfg["hidden_size"], "draft_vocab_size": Vd,
+                            "num_aux_layers": len(cfg["aux_layers"])}
     notes = [f"vLLM: `vllm serve THIS_FOLDER` or `LLM(model=THIS_FOLDER)` — the verifier `{verifier['name_or_path']}` "
              f"named in config.json is loaded as the target; {k} drafted tokens per step"]
+    if kind == "dspark":
+        notes.append("vLLM runs DSpark on its GPU model runner (V2); with `enable_adaptive_verification` the "
+                     "confidence head sizes each step's verification")
     return Export(config, dict(t), dflash_spec(flat), notes=notes)
 
 
 # -- import -------------------------------------------------------------------------------------------
 def is_dflash_config(cfg: dict[str, Any]) -> bool:
-    return "dflash_config" in cfg or cfg.get("speculators_model_type") == "dflash"
+    return "dflash_config" in cfg or cfg.get("speculators_model_type") in ("dflash", "dspark")
+
+
+def dspark_options(cfg: dict[str, Any], where: Path) -> dict[str, Any]:
+    """DFlashConfig's DSpark fields from a speculators ``dspark`` config; what headway's block cannot run
+    (slots predicting anchor + k + 1, another Markov head) is refused."""
+    if cfg.get("speculators_model_type") != "dspark":
+        return {}
+    if cfg.get("sample_from_anchor", True):  # speculators' trainer defaults to true when it writes none
+        raise HeadsError(f"{where}: this DSpark drafter samples from the anchor (sample_from_anchor=true: slot k "
+                         "predicts the token at anchor + k + 1); headway's DFlash block predicts anchor + k "
+                         "(sample_from_anchor=false), so it cannot run it")
+    if cfg.get("markov_head_type", "vanilla") != "vanilla":
+        raise HeadsError(f"{where}: markov_head_type={cfg['markov_head_type']!r}; only the 'vanilla' Markov head "
+                         "(the one vLLM builds) is supported")
+    conf = bool(cfg.get("enable_confidence_head"))
+    return {"markov_rank": int(cfg.get("markov_rank") or 0), "confidence_head": conf,
+            "confidence_with_markov": bool(cfg.get("confidence_head_with_markov")) if conf else True}
 
 
 def _geometry(layer: dict[str, Any]) -> LayerGeometry:
@@ -168,7 +220,7 @@ def import_dflash(name_or_path: str | Path, target: nn.Module | None = None, rev
         raise HeadsError(f"{path}/config.json is not a DFlash config (no dflash_config, no speculators_model_type: "
                          "dflash)")
     tensors = {k.removeprefix("model."): v for k, v in read_weights(path).items()}
-    if cfg.get("speculators_model_type") == "dflash":
+    if cfg.get("speculators_model_type") in ("dflash", "dspark"):
         layer, aux = dict(cfg["transformer_layer_config"]), [int(i) for i in cfg["aux_hidden_state_layer_ids"]]
         mask, block = cfg.get("mask_token_id"), cfg.get("block_size")
     else:
@@ -194,7 +246,8 @@ def import_dflash(name_or_path: str | Path, target: nn.Module | None = None, rev
     config = DFlashConfig(hidden_size=g.hidden_size, vocab_size=vocab, block_size=int(block),
                           num_layers=int(layer["num_hidden_layers"]), aux_layers=aux, mask_token_id=int(mask),
                           draft_vocab_size=int(tensors["lm_head.weight"].shape[0]) if reduced else None,
-                          qk_norm="layers.0.self_attn.q_norm.weight" in tensors, layer=g)
+                          qk_norm="layers.0.self_attn.q_norm.weight" in tensors, layer=g,
+                          **dspark_options(cfg, path))
     drafter = DFlashDrafter(config)
     own = drafter.state_dict()
     missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
@@ -207,8 +260,9 @@ def import_dflash(name_or_path: str | Path, target: nn.Module | None = None, rev
                              f"config.json needs {tuple(own[k].shape)}")
     drafter.load_state_dict({k: v.long() if k == "d2t" else v.bool() if k == "t2d" else v.float()
                              for k, v in tensors.items()}, strict=True)
-    drafter.metadata["imported"] = {"source": str(name_or_path), "layout": "speculators-dflash" if
-                                    cfg.get("speculators_model_type") else "dflash-reference"}
+    kind = cfg.get("speculators_model_type")
+    drafter.metadata["imported"] = {"source": str(name_or_path),
+                                    "layout": f"speculators-{kind}" if kind else "dflash-reference"}
     if target is not None:
         drafter.attach(target)
         drafter.to(device=target.get_output_embeddings().weight.device)

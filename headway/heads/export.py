@@ -2,7 +2,7 @@
 speculators format load.
 
 The converters live in ``export_layouts.py`` (engine facts and spec tables),
-``export_speculators.py`` and ``dflash_formats.py``; this module picks one per (kind, format), reads the heads, and writes
+``export_speculators.py``, ``dflash_formats.py`` (DFlash, DSpark) and ``peagle_formats.py``; this module picks one per (kind, format), reads the heads, and writes
 the folder beside ``out`` under a temporary name, renamed into place: an error leaves no
 half-written export (and an existing one untouched).
 """
@@ -26,6 +26,7 @@ from .export_layouts import (DTYPES, FORMATS, Export, ExportError, Spec, check_t
                              medusa_trtllm, medusa_vllm, native_spec)
 from .dflash_formats import dflash_speculators, dflash_vllm
 from .export_speculators import eagle3_speculators, why_not
+from .peagle_formats import peagle_speculators, peagle_vllm
 
 Exporter = Callable[[dict[str, Any], dict[str, torch.Tensor], "torch.Tensor | None", str], Export]
 EXPORTERS: dict[tuple[str, str], Exporter] = {
@@ -34,6 +35,7 @@ EXPORTERS: dict[tuple[str, str], Exporter] = {
     ("eagle3", "vllm"): eagle3_vllm, ("eagle3", "sglang"): eagle3_sglang, ("eagle3", "trtllm"): eagle3_trtllm,
     ("eagle3", "speculators"): eagle3_speculators,
     ("dflash", "vllm"): dflash_vllm, ("dflash", "speculators"): dflash_speculators,
+    ("peagle", "vllm"): peagle_vllm, ("peagle", "speculators"): peagle_speculators,
 }
 
 

@@ -12,7 +12,8 @@ Facts from vLLM 0.32.0 (``transformers_utils/config.py: maybe_override_with_spec
   ``model_type: llama``).
 - vLLM 0.32.0 knows the types ``eagle3``, ``peagle``, ``dflash``, ``dflash2``, ``dspark``: there is no
   EAGLE-1 (``eagle``) or Medusa speculators type, so those heads are refused here (``--format vllm``
-  serves them).
+  serves them). ``peagle`` is written by ``peagle_formats.py``, ``dflash`` and ``dspark`` by
+  ``dflash_formats.py``.
 - ``eagle3`` reads the top-level ``draft_vocab_size``, ``target_hidden_size``,
   ``eagle_aux_hidden_state_layer_ids`` (HF hidden-state indices, as vLLM's own EAGLE-3 config) and
   ``norm_before_residual``, which **defaults to true** there: headway's layer adds the un-normalised
@@ -49,6 +50,14 @@ def _renamed(name: str) -> str:
     return LAYER_PREFIX + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
 
 
+def proposal(algorithm: str, tokens: int, verifier: dict[str, Any]) -> dict[str, Any]:
+    """The ``speculators_config`` block: one greedy proposal of ``tokens`` drafts (vLLM's default draft
+    length for the folder) and the verifier vLLM loads as the target."""
+    method = {"proposal_type": "greedy", "speculative_tokens": tokens, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+    return {"algorithm": algorithm, "default_proposal_method": "greedy", "proposal_methods": [method],
+            "verifier": verifier}
+
+
 def _verifier(cfg: dict[str, Any]) -> dict[str, Any]:
     target = cfg.get("target") or {}
     if not target.get("name_or_path") or not target.get("num_hidden_layers"):
@@ -65,11 +74,8 @@ def eagle3_speculators(cfg: dict[str, Any], t: dict[str, torch.Tensor], lm_head:
     ids = engine_aux_layers(list(cfg["aux_layers"]), int(cfg["target"]["num_hidden_layers"]), "vllm")
     layer = llama_config(cfg, "LlamaForCausalLM", dtype)
     layer.pop("torch_dtype")
-    method = {"proposal_type": "greedy", "speculative_tokens": SPECULATIVE_TOKENS, "verifier_accept_k": 1,
-              "accept_tolerance": 0.0}
     config = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": "eagle3",
-              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                     "proposal_methods": [method], "verifier": verifier},
+              "speculators_config": proposal("eagle3", SPECULATIVE_TOKENS, verifier),
               "transformer_layer_config": layer, "draft_vocab_size": cfg["draft_vocab_size"],
               "target_hidden_size": cfg["hidden_size"], "eagle_aux_hidden_state_layer_ids": ids,
               **opts, "fc_norm": False,

@@ -15,7 +15,9 @@ from the tensor names, never from the config (the reference's config has been wr
 ``blocks.{h}.layers.{l}.weight/bias``, ``lm_heads.{h}.weight`` and, for a reduced vocabulary,
 ``token_map`` (draft id i -> target id). Counts are again read from the tensor names.
 
-**DFlash** (the published layout and the speculators one): ``dflash_formats.import_dflash``.
+**DFlash** (the published layout and the speculators ``dflash`` / ``dspark`` ones):
+``dflash_formats.import_dflash``. **P-EAGLE** (vLLM's layout and speculators' ``peagle``):
+``peagle_formats.import_peagle``.
 """
 
 from __future__ import annotations
@@ -196,14 +198,21 @@ def _import_dflash(path: str | Path, target: nn.Module | None = None) -> HeadsBa
     return import_dflash(path, target=target)
 
 
+def _import_peagle(path: str | Path, target: nn.Module | None = None) -> HeadsBase:
+    from .peagle_formats import import_peagle
+
+    return import_peagle(path, target=target)
+
+
 IMPORTERS: dict[str, Callable[..., HeadsBase]] = {"medusa": _import_medusa_any, "eagle": _import_eagle,
-                                                  "dflash": _import_dflash}
+                                                  "dflash": _import_dflash, "peagle": _import_peagle}
 
 
 def detect_format(path: str | Path) -> str:
-    """'medusa' for FasterDecoding or vLLM Medusa files, 'dflash' for a DFlash config (either layout),
-    else 'eagle' (EAGLE-1 / EAGLE-3 layouts)."""
+    """'medusa' for FasterDecoding or vLLM Medusa files, 'dflash' for a DFlash or DSpark config (any
+    layout), 'peagle' for a P-EAGLE config (either layout), else 'eagle' (EAGLE-1 / EAGLE-3 layouts)."""
     from .dflash_formats import is_dflash_config
+    from .peagle_formats import is_peagle_config
 
     p = Path(path).expanduser()
     if p.is_file():
@@ -211,10 +220,13 @@ def detect_format(path: str | Path) -> str:
     if p.is_dir() and (any((p / n).is_file() for n in MEDUSA_FILES) or is_vllm_medusa(p)):
         return "medusa"
     try:
-        if p.is_dir() and is_dflash_config(json.loads((p / "config.json").read_text())):
-            return "dflash"
-    except (OSError, ValueError, AttributeError):
-        pass
+        cfg = json.loads((p / "config.json").read_text()) if p.is_dir() else {}
+    except (OSError, ValueError):
+        cfg = {}
+    if isinstance(cfg, dict) and is_dflash_config(cfg):
+        return "dflash"
+    if isinstance(cfg, dict) and is_peagle_config(cfg):
+        return "peagle"
     return "eagle"
 
 

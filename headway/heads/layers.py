@@ -148,6 +148,42 @@ class DraftDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+class PreNormDecoderLayer(nn.Module):
+    """A plain Llama decoder layer (input norm, attention over ``hidden`` alone, MLP): the layers a
+    multi-layer P-EAGLE drafter stacks after its fused first layer (vLLM's ``llama_eagle3`` builds
+    every layer past the first so)."""
+
+    def __init__(self, g: LayerGeometry) -> None:
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+        self.self_attn = DraftAttention(g, g.hidden_size)
+        self.post_attention_layernorm = LlamaRMSNorm(g.hidden_size, eps=g.rms_norm_eps)
+        self.mlp = DraftMLP(g)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: DraftCache | None = None) -> torch.Tensor:
+        h = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LayerCaches:
+    """One ``DraftCache`` per drafter layer, cropped together (a multi-layer drafter's KV cache)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers = [DraftCache() for _ in range(num_layers)]
+
+    def __len__(self) -> int:
+        return len(self.layers[0])
+
+    def __getitem__(self, i: int) -> DraftCache:
+        return self.layers[i]
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` entries of every layer (drop the mask slots of a draft)."""
+        for cache in self.layers:
+            cache.crop(length)
+
+
 def causal_mask(T: int, past: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Float additive causal mask (1, 1, T, past + T): query i sees keys 0..past+i."""
     q = torch.arange(T, device=device)[:, None] + past

@@ -12,8 +12,10 @@ from .dflash import DFlashDrafter
 from .eagle import Eagle1Drafter, Eagle3Drafter
 from .files import HeadsError, read_config, resolve_checkpoint
 from .medusa import MedusaHeads
+from .peagle import PEagleDrafter
 
-HEAD_CLASSES: dict[str, type[HeadsBase]] = {c.kind: c for c in (MedusaHeads, Eagle1Drafter, Eagle3Drafter, DFlashDrafter)}
+HEAD_CLASSES: dict[str, type[HeadsBase]] = {c.kind: c for c in (MedusaHeads, Eagle1Drafter, Eagle3Drafter, DFlashDrafter,
+                                                                 PEagleDrafter)}
 
 
 def heads_class(kind: str) -> type[HeadsBase]:

@@ -43,6 +43,17 @@ def update_metadata(heads_dir: str | Path, entries: dict[str, Any]) -> dict[str,
     return meta
 
 
+def write_card(heads_dir: str | Path) -> Path:
+    """Write the checkpoint's ``README.md`` model card again from its ``config.json`` (after
+    ``update_metadata`` changed what the card shows: ``headway adapt``'s lineage); published atomically."""
+    from ..publish import write_text
+    from .base import read_config
+    from .card import model_card
+
+    path = Path(heads_dir).expanduser()
+    return write_text(path / "README.md", model_card(read_config(path)))
+
+
 def adapter_dir(heads_dir: str | Path, metadata: dict[str, Any] | None = None) -> Path | None:
     """The adapter folder the checkpoint at ``heads_dir`` needs on its target (Medusa-2), or None.
     ``metadata``: the checkpoint's, when already read (saves reading config.json again)."""

@@ -18,6 +18,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
+from ..data.feature_format import TOPK_INDICES, TOPK_KEYS, TOPK_VALUES
+
 
 @dataclass
 class TargetBatch:
@@ -99,9 +101,12 @@ def feature_key(layer: int) -> str:
     return "final" if layer == -1 else f"hidden_states.{int(layer)}"
 
 
-def stored_keys(layers: Sequence[int], need_logits: bool) -> list[str]:
-    """The stored keys a task reads: its layers, plus ``final`` for the lm_head when it needs logits."""
+def stored_keys(layers: Sequence[int], need_logits: bool, topk: bool = False) -> list[str]:
+    """The stored keys a task reads: its layers, plus ``final`` for the lm_head when it needs logits
+    (with ``topk``, the stored top-k logits instead: ``eagle.soft_labels=stored_topk``)."""
     keys = [feature_key(i) for i in layers]
+    if need_logits and topk:
+        return keys + list(TOPK_KEYS)
     return keys + ["final"] if need_logits and "final" not in keys else keys
 
 
@@ -127,12 +132,18 @@ class StoredLogits:
     the full projection (exact; with ``rows``, computed in chunks so no (N, V) tensor is kept),
     ``"data"`` the data's next token (the data is the target's own greedy output, where the two
     agree: the full-vocabulary projection, most of the cost with a small draft vocabulary, is
-    skipped), or None. The float32 weight is made once (no copy for a float32 target)."""
+    skipped), or None. The float32 weight is made once (no copy for a float32 target).
+
+    ``soft="stored_topk"``: where a batch stores the target's top-k logits (``headway features
+    --topk_logits``), ``from_topk`` spreads them over ``rows`` instead of projecting ``final``: the
+    distribution renormalised over those k tokens, the argmax their first; ``exact()`` prefers
+    ``final`` again wherever a batch has it (evaluation)."""
 
     def __init__(self, lm_head: nn.Module, rows: Tensor | None = None, top: str | None = None,
-                 chunk: int = 512) -> None:
+                 chunk: int = 512, soft: str = "lm_head") -> None:
         if top not in (None, "logits", "data"):
             raise ValueError(f"top must be None, 'logits' or 'data', not {top!r}")
+        self.soft = soft
         self.dtype = lm_head.weight.dtype  # the target's: stored states are cast to it, as online
         self.weight = lm_head.weight.detach().float()  # (V, H)
         bias = getattr(lm_head, "bias", None)
@@ -145,14 +156,45 @@ class StoredLogits:
         if self.rows is not None and top != "logits":  # only these rows are ever projected
             self.part = self.weight[self.rows]  # (R, H)
             self.part_bias = self.bias[self.rows] if self.bias is not None else None
+        # from_topk: each target id's column (``width``, a spare one, for ids outside ``rows``)
+        self.width = width = self.weight.shape[0] if self.rows is None else self.rows.numel()
+        self.column = torch.full((self.weight.shape[0],), width, dtype=torch.long, device=self.weight.device)  # (V,)
+        self.column[self.rows if self.rows is not None else slice(None)] = torch.arange(width,
+                                                                                         device=self.weight.device)
 
     def exact(self) -> "StoredLogits":
-        """The same projection with the argmax from the logits (evaluation measures against the target)."""
-        if self.top != "data":
+        """The same projection with the argmax from the logits, and from ``final`` where a batch has it
+        (evaluation measures against the target)."""
+        if self.top != "data" and self.soft == "lm_head":
             return self
         out = copy.copy(self)  # shares the weights
-        out.top = "logits"
+        out.top = "logits" if self.top == "data" else self.top
+        out.soft = "lm_head"
         return out
+
+    def reads_topk(self, feats: dict[str, Tensor]) -> bool:
+        """Whether a batch's logits come from its stored top-k: asked for (or no ``final`` to project)."""
+        return TOPK_VALUES in feats and (self.soft == "stored_topk" or "final" not in feats)
+
+    def from_topk(self, values: Tensor, indices: Tensor, next_ids: Tensor | None = None
+                  ) -> tuple[Tensor, Tensor | None]:
+        """values (N, k) raw lm_head logits, largest first, and their token ids (N, k) -> (logits (N, V or
+        R) float32: the k values (through the target's transform) at their columns, the float32 minimum
+        at every other one, so a softmax is the target's distribution renormalised over the top k (and
+        on ``rows``); the argmax (N,): the first index, or the data's next token for ``top="data"``)."""
+        with torch.autocast(values.device.type, enabled=False), torch.no_grad():
+            v = values.to(self.weight.device, torch.float32)  # (N, k)
+            ids = indices.to(self.weight.device, torch.long)  # (N, k)
+            if self.transform is not None:  # monotonic: the order stands
+                v = self.transform(v)
+            logits = v.new_full((v.shape[0], self.width + 1), torch.finfo(torch.float32).min)  # (N, V or R, + spare)
+            logits.scatter_(1, self.column[ids], v)
+            top = ids[:, 0] if self.top == "logits" else None
+            if self.top == "data":
+                if next_ids is None:
+                    raise ValueError("top='data' needs the data's next tokens")
+                top = next_ids.to(logits.device)
+            return logits[:, :self.width], top
 
     def __call__(self, final: Tensor, next_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """final (N, H), next_ids (N,) the data's token after each state -> (logits (N, V or R)
@@ -232,11 +274,14 @@ def stored_batch(batch: dict[str, Any], layers: Sequence[int], logits_fn: Stored
         # token (loss_mask 1): it predicts that token. Project just those positions (about half
         # of a padded chat batch) and leave zeros, which nothing reads, elsewhere.
         used = shift_mask(batch["loss_mask"]).to(device)  # (B, T) bool
-        final = feats["final"].to(device)
         ids = batch["input_ids"].to(device)
         next_ids = torch.zeros_like(ids)
         next_ids[:, :-1] = ids[:, 1:]  # (B, T) x_{s+1}
-        rows, row_top = logits_fn(final[used], next_ids[used])  # (N, V or R) float32, (N,) | None
+        if logits_fn.reads_topk(feats):  # the stored top-k: no projection at all
+            values, indices = (feats[k].to(device)[used] for k in (TOPK_VALUES, TOPK_INDICES))  # (N, k) each
+            rows, row_top = logits_fn.from_topk(values, indices, next_ids[used])
+        else:
+            rows, row_top = logits_fn(feats["final"].to(device)[used], next_ids[used])  # (N, V or R), (N,) | None
         logits = rows.new_zeros(*used.shape, rows.shape[-1])  # (B, T, V or R)
         logits[used] = rows
         if row_top is not None:

@@ -9,6 +9,7 @@ holds the anchor's own token and slots 1.. the mask token; slot k predicts the t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -106,24 +107,48 @@ def block_predictions(drafter: DFlashDrafter, input_ids: Tensor, loss_mask: Tens
     return blocks_at(drafter, input_ids, loss_mask, context, a, valid)
 
 
-def blocks_at(drafter: DFlashDrafter, input_ids: Tensor, loss_mask: Tensor, context: Tensor, a: Tensor,
-              valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``block_predictions`` at given anchors (B, n) and their ``valid`` (B, n) flags."""
+@dataclass
+class BlockSlots:
+    """The drafted slots of the valid blocks at some anchors, teacher-forced along the data."""
+
+    out: Tensor  # (N, bs-1, H) pre-norm outputs of slots 1..
+    parents: Tensor  # (N, bs-1) the data's token before each slot (the anchor for slot 1)
+    logits: Tensor  # (N, bs-1, Vd) float, with the path correction or Markov bias of those parents
+    rows: Tensor  # (N,) the row of each block
+    pos: Tensor  # (N, bs-1) the positions of the tokens the slots predict
+
+
+def block_slots(drafter: DFlashDrafter, input_ids: Tensor, loss_mask: Tensor, context: Tensor, a: Tensor,
+                valid: Tensor) -> BlockSlots:
+    """The blocks at anchors (B, n) whose ``valid`` (B, n) flag is set, every slot's parent from the data."""
     bs = drafter.block_size
     out = draft_blocks(drafter, input_ids, context, a)[:, :, 1:]  # (B, n, bs-1, H)
     pos, _ = slot_labels(a, valid, loss_mask, bs)
     rows = torch.arange(input_ids.shape[0], device=a.device)[:, None].expand_as(a)  # (B, n)
-    state = correction_states(drafter, input_ids, out, pos)
-    return drafter.logits(out[valid], None if state is None else state[valid]).float(), rows[valid], pos[valid]
+    parents = slot_parents(input_ids, pos)  # (B, n, bs-1)
+    state = correction_states(drafter, out, parents)
+    logits = drafter.logits(out[valid], None if state is None else state[valid], parents[valid]).float()
+    return BlockSlots(out[valid], parents[valid], logits, rows[valid], pos[valid])
 
 
-def correction_states(drafter: DFlashDrafter, input_ids: Tensor, out: Tensor, pos: Tensor) -> Tensor | None:
-    """The path correction's states (B, n, bs-1, r), teacher-forced: each slot's parent is the data's
-    token before it (the anchor for slot 1); None for a drafter without one. Acceptance counted
-    against the data is exact so (a greedy chain is accepted only while it equals the data)."""
+def blocks_at(drafter: DFlashDrafter, input_ids: Tensor, loss_mask: Tensor, context: Tensor, a: Tensor,
+              valid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``block_predictions`` at given anchors (B, n) and their ``valid`` (B, n) flags."""
+    s = block_slots(drafter, input_ids, loss_mask, context, a, valid)
+    return s.logits, s.rows, s.pos
+
+
+def slot_parents(input_ids: Tensor, pos: Tensor) -> Tensor:
+    """input_ids (B, T), pos (B, n, S) the positions slots predict -> (B, n, S) the data's token before each."""
+    return input_ids.gather(1, (pos - 1).flatten(1)).view_as(pos)
+
+
+def correction_states(drafter: DFlashDrafter, out: Tensor, parents: Tensor) -> Tensor | None:
+    """The path correction's states (B, n, bs-1, r), teacher-forced along ``parents`` (``slot_parents``);
+    None for a drafter without one. Acceptance counted against the data is exact so (a greedy chain is
+    accepted only while it equals the data)."""
     if not drafter.has_correction:
         return None
-    parents = input_ids.gather(1, (pos - 1).flatten(1)).view_as(pos)  # (B, n, bs-1)
     return drafter.path_states(out, parents)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..config import check_choice, check_numbers, opt
 from ..target import TargetArgs
-from .contracts import CONTRACTS, KINDS, DFlashOptions, EagleOptions, LoraOptions, MedusaOptions
+from .contracts import CONTRACTS, KINDS, DFlashOptions, EagleOptions, LoraOptions, MedusaOptions, PEagleOptions
 
 SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw", "muon")  # headway/train/optim.py
@@ -59,8 +59,8 @@ class TrainConfig(TargetArgs):
     features: str | None = opt(None, "a `headway features` folder: train on its stored hidden states (offline "
                                      "mode) instead of running the target each step; only the target's lm_head "
                                      "runs, for EAGLE's soft labels. `data` may be left empty: the rows come from "
-                                     "the features' dataset. Medusa / EAGLE-1 need layer 'final', EAGLE-3 and "
-                                     "DFlash their aux layers and 'final'; medusa2 cannot use features")
+                                     "the features' dataset. Medusa / EAGLE-1 need layer 'final', EAGLE-3, "
+                                     "P-EAGLE and DFlash their aux layers and 'final'; medusa2 cannot use features")
     eval_features: str | None = opt(None, "held-out `headway features` folder for offline mode; None = eval_data "
                                           "if given (the target runs on it), else split eval_fraction off `features`")
     max_length: int = opt(1024, "rows longer than this many tokens are truncated")
@@ -103,6 +103,7 @@ class TrainConfig(TargetArgs):
     lora: LoraOptions = field(default_factory=LoraOptions)
     eagle: EagleOptions = field(default_factory=EagleOptions)
     dflash: DFlashOptions = field(default_factory=DFlashOptions)
+    peagle: PEagleOptions = field(default_factory=PEagleOptions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -117,4 +118,5 @@ class TrainConfig(TargetArgs):
                                  "eval_every": ">= 0", "eval_max_batches": ">= 1", "num_workers": ">= 0"})
 
 
-__all__ = ["KINDS", "DFlashOptions", "EagleOptions", "LoraOptions", "MedusaOptions", "OptimConfig", "TrainConfig"]
+__all__ = ["KINDS", "DFlashOptions", "EagleOptions", "LoraOptions", "MedusaOptions", "OptimConfig", "PEagleOptions",
+           "TrainConfig"]

@@ -23,6 +23,7 @@ from .config import TrainConfig
 from .draft_vocab import answer_draft_vocab, draft_vocab_counts
 from .errors import TrainError
 from .metrics import draft_vocab_stats
+from .objectives import Terms
 from .tasks import ParamGroup, TargetBatch
 from .ttt import (acceptance_stats, chain_accepted, decoder_step_starts, eagle1_loss, eagle3_ttt_loss, noise_seed,
                   shift_left, summarize_acceptance)
@@ -216,8 +217,9 @@ class _EagleTask:
         return heads.draft_token_ids() if heads.has_draft_vocab else None
 
     def stored_logits(self, heads: HeadsBase, lm_head: nn.Module) -> StoredLogits:
-        """Offline, project only the rows the loss reads, with the argmax as ``eagle.argmax_from`` says."""
-        return StoredLogits(lm_head, rows=self.logit_rows(heads), top=self.opts.argmax_from)
+        """Offline, project only the rows the loss reads, with the argmax as ``eagle.argmax_from`` says, or
+        (``soft_labels: stored_topk``) spread the stored top-k logits over them."""
+        return StoredLogits(lm_head, rows=self.logit_rows(heads), top=self.opts.argmax_from, soft=self.opts.soft_labels)
 
     def targets(self, heads: HeadsBase, tb: TargetBatch) -> tuple[Tensor, Tensor]:
         """(the target's logits over ``logit_rows`` (B, T, R), its argmax (B, T) in target ids), from
@@ -290,7 +292,7 @@ class Eagle3Task(_EagleTask):
         logits, top = self.targets(heads, tb)
         return eagle3_ttt_loss(heads, tb.input_ids, self.hidden(heads, tb), logits, tb.loss_mask,
                                steps=self.opts.ttt_steps, decay=self.opts.step_decay,
-                               hard_weight=self.opts.hard_weight, target_top=top)
+                               hard_weight=self.opts.hard_weight, target_top=top, terms=Terms.of(self.opts))
 
 
 def distill_runs(settings: dict[str, Any]) -> list[dict[str, Any]]:

@@ -72,23 +72,28 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[list[int], list[i
     return perm[n_test:].tolist(), perm[:n_test].tolist()
 
 
-def split_data(cfg: TrainConfig, keys: Sequence[str] | None = None) -> tuple[Any, Any | None]:
+def split_data(cfg: TrainConfig, keys: Sequence[str] | None = None,
+               eval_keys: Sequence[str] | None = None) -> tuple[Any, Any | None]:
     """Training and held-out rows: Arrow rows of ``data``, or (offline) ``FeatureRows`` of
-    ``features`` reading ``keys``; held out: eval_features, eval_data, or an eval_fraction split."""
+    ``features`` reading ``keys`` (the held-out ones ``eval_keys``, default the same); held out:
+    eval_features, eval_data, or an eval_fraction split."""
     from ..data.features import FeatureStore
 
-    def feature_rows(path: str) -> FeatureRows:
+    def feature_rows(path: str, which: Sequence[str] | None) -> FeatureRows:
         store = FeatureStore(path)
-        return FeatureRows(store, store.keys if keys is None else keys, cfg.max_length)
+        return FeatureRows(store, store.keys if which is None else which, cfg.max_length)
 
-    rows = feature_rows(cfg.features) if cfg.features else load_rows(cfg.data)
+    held = keys if eval_keys is None else eval_keys
+    rows = feature_rows(cfg.features, keys) if cfg.features else load_rows(cfg.data)
     if cfg.eval_features:
-        return rows, feature_rows(cfg.eval_features)
+        return rows, feature_rows(cfg.eval_features, held)
     if cfg.eval_data:
         return rows, load_rows(cfg.eval_data)
     train_idx, eval_idx = split_indices(len(rows), cfg.eval_fraction, cfg.seed)
     if eval_idx is None:
         return rows, None
+    if isinstance(rows, FeatureRows) and held is not None:
+        return rows.select(train_idx), FeatureRows(rows.store, held, cfg.max_length).select(eval_idx)
     return rows.select(train_idx), rows.select(eval_idx)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from torch import nn
 
-from .batch import logit_transform
+from .batch import logit_transform, stored_keys
 from .config import TrainConfig
 from .contracts import CONTRACTS
 from .errors import TrainError
@@ -83,21 +83,36 @@ class FeatureFolders:
                 raise TrainError(f"{key} {path} were made with the adapter {manifest['settings']['adapter']} merged "
                                  f"into the target, which training does not load; make features without it: {remake}")
 
-    def check_layers(self, target: nn.Module, keys: Sequence[str], need_logits: bool) -> None:
-        """Once the heads say which layers they read: every folder stores them, and the lm_head alone
-        gives the target's logits."""
-        from ..data.features import features_command
+    def keys(self, layers: Sequence[int], need_logits: bool) -> tuple[list[str], list[str]]:
+        """(the stored keys training rows read, those held-out rows read). With soft labels from the
+        stored top-k logits, evaluation still reads ``final`` (the exact logits) where its folder has it."""
+        topk = need_logits and self.contract.stored_topk(self.cfg)
+        keys = stored_keys(layers, need_logits, topk)
+        held = self.cfg.eval_features or self.cfg.features
+        if not topk or not held or "final" not in features_manifest("eval_features", held)["keys"]:
+            return keys, keys
+        return keys, stored_keys(layers, need_logits)
+
+    def check_layers(self, target: nn.Module, keys: Sequence[str], need_logits: bool,
+                     eval_keys: Sequence[str] | None = None) -> None:
+        """Once the heads say which layers they read: every folder stores them (the held-out folder
+        ``eval_keys``), and the lm_head alone gives the target's logits."""
+        from ..data.features import TOPK_KEYS, features_command
 
         cfg = self.cfg
         for key, path in self.folders:
             manifest = features_manifest(key, path)
-            missing = [k for k in keys if k not in manifest["keys"]]
+            wanted = eval_keys if key == "eval_features" and eval_keys is not None else keys
+            missing = [k for k in wanted if k not in manifest["keys"]]
             if missing:
-                layers = [k.removeprefix("hidden_states.") for k in keys]
-                cmd = features_command({**manifest["settings"], "target": cfg.target}, fresh_output(path, cfg.kind),
-                                       layers)
+                layers = [k.removeprefix("hidden_states.") for k in wanted if k not in TOPK_KEYS]
+                topk = {"topk_logits": 64} if set(missing) & set(TOPK_KEYS) else {}
+                cmd = features_command({**manifest["settings"], "target": cfg.target, **topk},
+                                       fresh_output(path, cfg.kind), layers)
                 why = " (the lm_head reads it for the soft labels)" if missing == ["final"] and cfg.kind != "medusa" \
                     else ""
+                if topk:
+                    why = " (the target's top-k logits the soft_labels=stored_topk option reads)"
                 raise TrainError(f"{key} {path} lack {', '.join(missing)}{why} that kind {cfg.kind} reads (stored: "
                                  f"{', '.join(manifest['keys'])}); make them with: {cmd}")
         if need_logits and self.folders:

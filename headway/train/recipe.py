@@ -43,7 +43,6 @@ from ..progress import Progress
 from ..publish import check_output_path
 from .accel import (check_accumulation, check_optimizer, main_console, make_accelerator, reduce_mean, sharding_record,
                     trainable_only_hook)
-from .batch import stored_keys
 from .calibration import calibration_metadata
 from .checkpoints import (check_resumable, check_run_folder, claim_run_folder, publish_dirs, read_state,
                           resolve_resume, run_fingerprint, save_checkpoint, write_run)
@@ -160,9 +159,9 @@ class TrainRecipe:
         heads = self.build_heads(task)
         model = task.adapt_target(target)
         adapted = model is not target
-        keys = stored_keys(task.feature_layers(heads), task.needs_logits())
-        self.features.check_layers(target, keys, task.needs_logits())
-        train_rows, eval_rows = split_data(cfg, keys)
+        keys, eval_keys = self.features.keys(task.feature_layers(heads), task.needs_logits())
+        self.features.check_layers(target, keys, task.needs_logits(), eval_keys)
+        train_rows, eval_rows = split_data(cfg, keys, eval_keys)
         inner = TrainModule(task, heads, model, adapted, offline=bool(cfg.features))
         inner.train()
         if not adapted:

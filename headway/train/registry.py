@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .dflash import DFlashTask
 from .eagle import Eagle1Task, Eagle3Task
+from .peagle import PEagleTask
 from .tasks import Medusa2Task, MedusaTask, Task
 
 TASKS: dict[str, type[Task]] = {
@@ -15,6 +16,7 @@ TASKS: dict[str, type[Task]] = {
     "eagle1": Eagle1Task,
     "eagle3": Eagle3Task,
     "dflash": DFlashTask,
+    "peagle": PEagleTask,
 }
 
 __all__ = ["TASKS"]

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..heads.layers import DraftCache
+from .objectives import Terms, expected_accepted, in_topk, topk_distill
 
 
 def noise_seed(seed: int, step: int, input_ids: Tensor) -> int:
@@ -136,18 +137,26 @@ def label_mask(loss_mask: Tensor, shift: int) -> Tensor:
 
 def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target_logits: Tensor,
                     loss_mask: Tensor, steps: int = 7, decay: float = 0.8,
-                    hard_weight: float = 0.0, target_top: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                    hard_weight: float = 0.0, target_top: Tensor | None = None,
+                    terms: Terms = Terms()) -> tuple[Tensor, dict[str, Tensor]]:
     """EAGLE-3 training-time-test loss: sum_j decay^j * (CE_j + hard_weight * CE_j^hard) over the
     draft vocabulary, CE_j against the target's distribution and CE_j^hard against its argmax.
 
     The hard term matters for high-entropy targets: a soft CE against a flat distribution pulls
     little on the argmax, and greedy acceptance is decided by the argmax alone.
 
+    ``terms`` (``objectives.py``, all off by default) add HASS's Top-K distillation to each step
+    (+ topk_weight * L_topK_j), GRIFFIN's token alignment (step j at index t is scored only where
+    every earlier step's next input token -- the data's x_{t+i+2} -- was among that step's top
+    align_topk drafts at t), and -chain_weight * the mean expected accepted length of the chain
+    from each index, Σ_j Π_{i<=j} q_i(the target's argmax at step i).
+
     input_ids (B, T); fused (B, T, H) = drafter.fuse(target features); target_logits (B, T, V)
     over the full target vocabulary, or with ``target_top`` (B, T) (the target's argmax in target
     ids) only over the draft vocabulary's rows, in draft order (``StoredLogits`` with rows: the
     full projection is then never kept); loss_mask (B, T). Returns (loss, metrics) where metrics
-    hold per-step ``ce{j}`` and ``acc{j}`` (draft argmax == target argmax) as 0-d tensors."""
+    hold per-step ``ce{j}`` and ``acc{j}`` (draft argmax == target argmax) as 0-d tensors, and with
+    the terms ``topk{j}``, ``reached{j}`` (share of labelled positions still scored), ``chain``."""
     draft_ids = torch.arange(drafter.d2t.numel(), device=input_ids.device) + drafter.d2t  # (Vd,) target ids
     tl = target_logits.float()
     if target_top is None:
@@ -163,8 +172,12 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
     to_draft = torch.zeros(drafter.t2d.numel(), dtype=torch.long, device=input_ids.device)
     to_draft[draft_ids] = torch.arange(draft_ids.numel(), device=input_ids.device)
     top_draft = to_draft[target_top]  # (B, T) draft ids (0 where outside the draft vocab: masked anyway)
+    if terms.align_topk:  # (B, T) the data's tokens as draft ids, -1 outside the draft vocabulary
+        data_draft = torch.where(drafter.t2d[input_ids], to_draft[input_ids], -1)
     loss = fused.new_zeros((), dtype=torch.float32)
     metrics: dict[str, Tensor] = {}
+    alive: Tensor | None = None  # (B, T) GRIFFIN: every earlier step's next token was among its top-k drafts
+    chain: list[Tensor] = []  # per step (B, T): q_j(the target's argmax), 0 where step j has no label
     idx, ok = label_rows(loss_mask, steps)  # steps 1.. run only where a label follows
     for j, out in enumerate(unroll_rows(drafter, input_ids, fused, steps, idx)):
         valid = label_mask(loss_mask, j + 2) & shift_left(in_vocab, j + 1, False)  # (B, T)
@@ -173,20 +186,43 @@ def eagle3_ttt_loss(drafter: nn.Module, input_ids: Tensor, fused: Tensor, target
         # Steps 1.. hold the rows idx (in index order, a superset of valid): the same positions.
         at = valid if j == 0 else valid.gather(1, idx) & ok  # (B, T) or (B, N)
         logits = drafter.logits(out[at])  # (n, Vd)
-        n = valid.sum()
         logq = F.log_softmax(logits.float(), dim=-1)  # (N, Vd)
         # the target's distribution at t + j + 1, renormalised on the draft vocabulary, for just these
         # rows (a softmax over the whole (B, T, Vd) batch and its shifted copies cost ~1/5 of a step)
         target_p = F.softmax(rows[shift_left(at_row, j + 1)[valid]], dim=-1)  # (N, Vd)
+        label = shift_left(top_draft, j + 1)[valid]  # (N,) the target's argmax as a draft id
+        target = shift_left(target_top, j + 1)[valid]  # (N,) the same in target ids
+        n = valid.sum()
+        if j == 0:
+            starts = valid  # (B, T) where a chain starts: step 0 has a label
+        if terms.chain_weight:  # q_j(the target's argmax) at every labelled index, 0 elsewhere
+            chain.append(logq.new_zeros(B, T).masked_scatter(valid, logq.gather(-1, label[:, None])[:, 0].exp()))
+        if terms.align_topk:  # GRIFFIN: score only the indices decoding reaches, then update who does
+            scored = torch.ones_like(label, dtype=torch.bool) if alive is None else alive[valid]  # (N,)
+            hit = in_topk(logits, shift_left(data_draft, j + 2, -1)[valid], terms.align_topk)  # (N,)
+            now = torch.zeros_like(valid).masked_scatter(valid, hit)  # (B, T)
+            alive = now if alive is None else alive & now
+            if j:  # step 0 is always scored
+                metrics[f"reached{j}"] = scored.sum().float() / n.clamp(min=1)
+            logits, logq, target_p, label, target = (x[scored] for x in (logits, logq, target_p, label, target))
+            n = scored.sum()
         ce = -(target_p * logq).sum() / n.clamp(min=1)
         step_loss = ce
         if hard_weight:
-            hard = F.nll_loss(logq, shift_left(top_draft, j + 1)[valid], reduction="sum")
+            hard = F.nll_loss(logq, label, reduction="sum")
             step_loss = ce + hard_weight * hard / n.clamp(min=1)
+        if terms.topk_weight:
+            topk = topk_distill(target_p, logq, terms.topk_k).sum() / n.clamp(min=1)
+            step_loss = step_loss + terms.topk_weight * topk
+            metrics[f"topk{j}"] = topk.detach()
         loss = loss + decay ** j * step_loss
-        hit = drafter.to_target_ids(logits.argmax(-1)) == shift_left(target_top, j + 1)[valid]  # (N,)
+        hit = drafter.to_target_ids(logits.argmax(-1)) == target  # (N,)
         metrics[f"ce{j}"] = ce.detach()
         metrics[f"acc{j}"] = hit.sum().float() / n.clamp(min=1)
+    if chain:
+        value = expected_accepted(torch.stack(chain, -1))[starts].sum() / starts.sum().clamp(min=1)
+        loss = loss - terms.chain_weight * value
+        metrics["chain"] = value.detach()
     return loss, metrics
 
 
