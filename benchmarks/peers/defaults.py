@@ -3,10 +3,10 @@ it inside each peer's own venv).
 
 - ``own``: each peer at its own defaults. A runner sets only what the comparison fixes for every tool:
   the data (rows, loss masks, the draft vocabulary's ids), the aux layers, what a CPU needs, and the
-  epochs, capped at the plan's ``epochs`` (a peer whose default is fewer keeps its own). Everything else
-  (learning rate, optimiser, schedule, warm-up, precision, batch, TTT length, norms, seed) is the
-  tool's. docs/peers.md ("Each peer's own defaults") lists those values with the file and line of the
-  installed release each comes from.
+  epochs: the tool's own (``OWN``), or capped at ``prepare.py --own-epochs-cap`` (a peer whose default
+  is fewer keeps its own). Everything else (learning rate, optimiser, schedule, warm-up, precision,
+  batch, TTT length, norms, seed) is the tool's. ``OWN`` lists those values with the file and line of
+  the installed release each comes from (docs/peers.md prints the table).
 - ``shared``: the settings of the comparisons in docs/peers.md (one draft vocabulary size, one TTT
   length, the plan's epochs, fp32 where the runner used to force it, each tool's recommended LR unless
   one is given).
@@ -25,11 +25,45 @@ PEERS = ("speculators", "modelopt", "specforge")
 TOOLS = ("headway", *PEERS)
 MODES = ("own", "shared")
 
-# The tool's default epochs (the cap applies below them).
-#   speculators: train/config/schema.py:391 (TrainerArgs.epochs)
-#   modelopt: modelopt_recipes/general/speculative_decoding/eagle3.yaml:29 (training.num_train_epochs)
-#   specforge: config/schema.py:517 (TrainingConfig.num_epochs)
-OWN_EPOCHS = {"speculators": 20, "modelopt": 1, "specforge": 1}
+# Each peer's own defaults, as the installed release ships them: (value, where it is set). The ``own``
+# mode writes none of these (a runner passes only the data, the draft vocabulary and what a CPU needs),
+# so these are what the peers train with; the table documents them (docs/peers.md) and sizes the plan.
+#   speculators 0.9.0: speculators/train/config/schema.py
+#   ModelOpt 0.47.0: modelopt_recipes/general/speculative_decoding/eagle3.yaml (HF TrainingArguments below it)
+#   SpecForge 0.2.0: specforge/config/schema.py
+OWN: dict[str, dict[str, tuple[Any, str]]] = {
+    "speculators": {
+        "lr": (1e-3, "schema.py:344 OptimizerArgs.lr"),
+        "optimizer": ("muon", "schema.py:339 OptimizerArgs.optimizer"),
+        "epochs": (20, "schema.py:391 TrainerArgs.epochs"),
+        "ttt_steps": (3, "schema.py:316 ttt_steps"),
+        "precision": ("bf16 (hidden states and autocast; fp32 master weights)", "schema.py:218 hidden_states_dtype"),
+        "draft_vocab": (None, "schema.py:129 draft_vocab_size (None: the verifier's whole vocabulary)"),
+        "batch": ("rows packed to 8,192 tokens", "schema.py:210 total_seq_len"),
+        "seed": (42, "schema.py:728 seed"),
+    },
+    "modelopt": {
+        "lr": (1e-4, "eagle3.yaml:31 training.learning_rate"),
+        "optimizer": ("adamw_torch", "HF TrainingArguments.optim (the recipe sets none)"),
+        "epochs": (1, "eagle3.yaml:29 training.num_train_epochs"),
+        "ttt_steps": (3, "eagle3.yaml:56 eagle.eagle_ttt_steps"),
+        "precision": ("bf16", "eagle3.yaml:48 training.bf16"),
+        "draft_vocab": (None, "eagle3.yaml:21 data.draft_vocab_cache (unset: the whole vocabulary)"),
+        "batch": ("1 row", "eagle3.yaml:30 training.per_device_train_batch_size"),
+        "seed": (42, "HF TrainingArguments.seed (the recipe sets none)"),
+    },
+    "specforge": {
+        "lr": (1e-4, "schema.py:523 TrainingConfig.learning_rate"),
+        "optimizer": ("adamw", "optimizer.py:12 BF16Optimizer (AdamW over fp32 master copies)"),
+        "epochs": (1, "schema.py:517 TrainingConfig.num_epochs"),
+        "ttt_steps": (7, "schema.py:530 TrainingConfig.ttt_length"),
+        "precision": ("bf16", "schema.py:73 model.torch_dtype"),
+        "draft_vocab": (None, "the user's draft config (its examples: 32,000)"),
+        "batch": ("1 row", "schema.py:520 TrainingConfig.batch_size"),
+        "seed": (42, "schema.py:582 TrainingConfig.seed"),
+    },
+}
+OWN_EPOCHS = {peer: OWN[peer]["epochs"][0] for peer in PEERS}
 
 # The shipped defaults keep the target's whole vocabulary (speculators' --draft-vocab-size unset, ModelOpt's
 # recipe without data.draft_vocab_cache, SpecForge's draft config is the user's); each tool's first EAGLE-3
@@ -62,9 +96,10 @@ def option(tool: str, name: str) -> str:
         raise ValueError(f"no '{name}' setting for {tool} (known: {', '.join(KEYS.get(tool, {}))})") from None
 
 
-def own(peer: str, epochs_cap: int) -> dict[str, Any]:
-    """``peer`` at its defaults: only the draft vocabulary size and the capped epochs are written."""
-    epochs = min(OWN_EPOCHS[peer], epochs_cap)
+def own(peer: str, epochs_cap: int | None = None) -> dict[str, Any]:
+    """``peer`` at its defaults: only the draft vocabulary size and its epochs (capped at ``epochs_cap``
+    when given: a deviation the plan and docs/peers.md name) are written."""
+    epochs = OWN_EPOCHS[peer] if epochs_cap is None else min(OWN_EPOCHS[peer], epochs_cap)
     settings: dict[str, Any] = {"draft_vocab_size": OWN_DRAFT_VOCAB, "options": {option(peer, "epochs"): epochs}}
     if peer == "modelopt":
         settings["draft_layer"] = "preset"  # its eagle3_default_config (a Llama-3-8B-sized layer)

@@ -2,7 +2,7 @@
 rows, loss masks, aux layers and draft vocabulary, plus a ``plan.json`` the runners read.
 
 The plan holds each tool's settings in both modes (``defaults.py``): ``own`` (each peer at its own
-defaults, the epochs capped at ``--epochs``) and ``shared`` (one draft vocabulary of ``--draft-vocab``,
+defaults, its epochs capped only by ``--own-epochs-cap``) and ``shared`` (one draft vocabulary of ``--draft-vocab``,
 ``--ttt-steps``, ``--epochs``, each tool's recommended LR unless ``--lr`` is given). A runner picks one
 with ``--defaults``; the converted data is the same for both.
 
@@ -64,9 +64,10 @@ def specforge_target(target_dir: str, out: Path) -> Path:
     return out
 
 
-def settings(peers: list[str], draft_vocab: int, epochs: int, ttt_steps: int, lr: float | None) -> dict:
+def settings(peers: list[str], draft_vocab: int, epochs: int, ttt_steps: int, lr: float | None,
+             own_epochs_cap: int | None = None) -> dict:
     """{mode: {peer: settings}} for the plan (defaults.py)."""
-    return {"own": {p: defaults.own(p, epochs) for p in peers},
+    return {"own": {p: defaults.own(p, own_epochs_cap) for p in peers},
             "shared": {p: defaults.shared(p, draft_vocab, epochs, ttt_steps, lr) for p in peers}}
 
 
@@ -115,7 +116,9 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, required=True, help="the shared mode's draft vocabulary size")
     ap.add_argument("--rows", type=int, default=None, help="first N rows only")
     ap.add_argument("--max-length", type=int, default=None)
-    ap.add_argument("--epochs", type=int, default=1, help="shared: every tool's epochs; own: the cap")
+    ap.add_argument("--epochs", type=int, default=1, help="the shared mode's epochs (every tool's)")
+    ap.add_argument("--own-epochs-cap", type=int, default=None,
+                    help="cap the own mode's epochs (default: each peer's own, e.g. speculators' 20)")
     ap.add_argument("--ttt-steps", type=int, default=3, help="the shared mode's TTT length")
     ap.add_argument("--lr", type=float, default=None, help="the shared mode's one LR (default: each tool's own)")
     ap.add_argument("--peers", nargs="+", default=list(convert.PEERS), choices=convert.PEERS)
@@ -125,7 +128,7 @@ def main() -> None:
     out = Path(args.out).resolve()  # the runners and the sweep read these paths from other folders
     rows = list(convert.read_rows(args.features, args.aux, args.rows, args.max_length))
     tokens = sum(len(r.input_ids) for r in rows)
-    modes = settings(args.peers, args.draft_vocab, args.epochs, args.ttt_steps, args.lr)
+    modes = settings(args.peers, args.draft_vocab, args.epochs, args.ttt_steps, args.lr, args.own_epochs_cap)
     plan = {"data": args.data, "features": args.features, "target": str(Path(args.target).resolve()),
             "rows": len(rows), "tokens": tokens, "answer_tokens": int(sum(int(r.loss_mask.sum()) for r in rows)),
             "epochs": args.epochs, "draft_vocab_size": args.draft_vocab, "aux_hf_index": args.aux,
