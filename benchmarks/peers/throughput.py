@@ -81,25 +81,63 @@ def command(tool: str, args: argparse.Namespace, folder: Path, steps: int) -> li
     if tool == "headway":
         return [sys.executable, "-m", "headway", "train", "--config", args.headway_config,
                 f"output_dir={folder}", "eval_every=0", "eval_features=", *sets]
-    argv = [sweep.peer_python(tool), str(HERE / f"run_{tool}.py"), args.prepared, "--defaults", "own",
+    argv = [str(sweep.peer_python(tool)), str(HERE / f"run_{tool}.py"), args.prepared, "--defaults", "own",
             "--run-dir", str(folder)]
     return argv + [a for s in sets for a in ("--set", s)]
 
 
-def time_run(argv: list[str], folder: Path, threads: int, cores: list[int]) -> dict[str, float]:
+def time_run(argv: list[str], folder: Path, threads: int, cores: list[int], run=subprocess.run,
+             clock=time.monotonic) -> dict[str, float]:
+    """The one timing method, the same for every tool: the wall time of the training process, from its
+    start to its exit (checkpoint written), pinned to ``cores`` with ``threads`` threads. Nothing a tool
+    logs about itself is read."""
     folder.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    started = time.time()
+    t0 = clock()
     with open(folder / "job.log", "w") as log:
-        rc = subprocess.run(["taskset", "-c", ",".join(map(str, cores)), *argv], stdout=log,
-                            stderr=subprocess.STDOUT, env=sweep.job_env(threads)).returncode
-    wall = time.time() - t0
+        rc = run(["taskset", "-c", ",".join(map(str, cores)), *argv], stdout=log, stderr=subprocess.STDOUT,
+                 env=sweep.job_env(threads)).returncode
+    wall = clock() - t0
     if rc != 0:
         raise SystemExit(f"throughput.py: error: {argv[1]} exited {rc} (log {folder / 'job.log'})")
-    latest = max((p.stat().st_mtime for p in folder.rglob("*") if p.is_file() and p.name != "job.log"), default=t0)
-    return {"wall_s": round(wall, 2), "checkpoint_s": round(latest - t0, 2)}
+    latest = max((p.stat().st_mtime for p in folder.rglob("*") if p.is_file() and p.name != "job.log"),
+                 default=started)
+    return {"wall_s": round(wall, 2), "checkpoint_s": round(latest - started, 2)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def timed(tool: str, args: argparse.Namespace, n: int, cores: list[int], timer=time_run,
+          quiet=wait_for_quiet) -> dict[str, float]:
+    """One timing of ``tool`` at ``n`` steps in ``OUT/<tool>/steps-N`` (kept in its timing.json: a second
+    invocation reuses it; a folder without one is an interrupted timing, which is refused)."""
+    folder = Path(args.out) / tool / f"steps-{n}"
+    record = folder / "timing.json"
+    if record.is_file():
+        return json.loads(record.read_text())
+    if folder.exists():
+        raise SystemExit(f"throughput.py: error: {folder} holds an interrupted timing; remove it to time it again")
+    start_load = quiet(args.max_load, args.wait, args.force)
+    result = {"load_1min": round(start_load, 2), **timer(command(tool, args, folder, n), folder, args.threads, cores)}
+    record.write_text(json.dumps(result) + "\n")
+    return result
+
+
+def measure(tool: str, args: argparse.Namespace, plan: dict[str, Any], headway_batch: int, cores: list[int],
+            **how: Any) -> dict[str, Any]:
+    """``tool``'s runs at each step count, its steady seconds per step and tokens/s (``how``: timed's timer
+    and quiet, for tests)."""
+    runs = {}
+    for n in sorted(args.steps):
+        runs[n] = timed(tool, args, n, cores, **how)
+        print(f"{tool} {n} steps: {runs[n]}", flush=True)
+    settings = defaults.settings_for(plan, "own", tool) if tool != "headway" else {}
+    per_step = steady({n: r["wall_s"] for n, r in runs.items()})
+    tps = tokens_per_step(tool, plan, settings, headway_batch)
+    return {"runs": runs, "steady_s_per_step": per_step, "tokens_per_step": round(tps, 1),
+            "steady_tokens_per_s": round(tps / per_step, 1) if per_step else None,
+            "contended": any(r["load_1min"] > args.max_load for r in runs.values())}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prepared", required=True, help="the peers' prepared folder (prepare.py --out)")
     ap.add_argument("--headway-config", default="configs/smollm2/eagle3-1k5.yaml")
@@ -111,26 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", type=float, default=300, help="seconds to wait for the load to fall")
     ap.add_argument("--force", action="store_true", help="time even when the machine is busy (marked)")
     ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     plan = json.loads((Path(args.prepared) / "plan.json").read_text())
     cores = list(range(args.threads))
     headway_batch = int(yaml.safe_load(Path(args.headway_config).read_text()).get("batch_size", 1))
     results: dict[str, Any] = {"threads": args.threads, "cores": cores, "steps": args.steps, "tools": {}}
     for tool in args.tools:
-        walls, runs = {}, {}
-        for n in sorted(args.steps):
-            start_load = wait_for_quiet(args.max_load, args.wait, args.force)
-            folder = Path(args.out) / tool / f"steps-{n}"
-            runs[n] = {"load_1min": round(start_load, 2), **time_run(command(tool, args, folder, n), folder,
-                                                                       args.threads, cores)}
-            walls[n] = runs[n]["wall_s"]
-            print(f"{tool} {n} steps: {runs[n]}", flush=True)
-        settings = defaults.settings_for(plan, "own", tool) if tool != "headway" else {}
-        per_step = steady(walls)
-        tps = tokens_per_step(tool, plan, settings, headway_batch)
-        results["tools"][tool] = {"runs": runs, "steady_s_per_step": per_step, "tokens_per_step": round(tps, 1),
-                                  "steady_tokens_per_s": round(tps / per_step, 1) if per_step else None,
-                                  "contended": any(r["load_1min"] > args.max_load for r in runs.values())}
+        results["tools"][tool] = measure(tool, args, plan, headway_batch, cores)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "throughput.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results["tools"], indent=2))
