@@ -239,6 +239,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prepared", default="runs/peers-1k5", help="the peers' prepared folder (prepare.py --out)")
     ap.add_argument("--config", default="configs/smollm2/eagle3-1k5.yaml", help="headway's recipe")
     ap.add_argument("--tools", nargs="+", default=list(defaults.TOOLS), choices=defaults.TOOLS)
+    ap.add_argument("--modes", nargs="+", default=list(defaults.MODES), choices=defaults.MODES,
+                    help="the peers' modes to run (headway runs its recipe in either)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--lr", type=float, nargs="*", default=BRACKET,
                     help="speculators' LR bracket in its own mode (none: its own LR, every seed)")
@@ -267,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     root = Path(args.out)
     plan = prepared_plan(args)
-    jobs = protocol.plan(args.seeds, args.lr, args.tools)
+    jobs = [j for j in protocol.plan(args.seeds, args.lr, args.tools) if j.tool == "headway" or j.mode in args.modes]
     missing_sets = [f"{n}={d}" for n, d in args.eval_sets.items() if not Path(d).exists()]
     eval_sets = {n: d for n, d in args.eval_sets.items() if Path(d).exists()}
     jobs = protocol.resolve(jobs, dev_taus(root, jobs, eval_sets))
