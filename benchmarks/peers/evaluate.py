@@ -87,9 +87,9 @@ def main() -> None:
     ap.add_argument("--rows", default="-48:", help="python slice of held-out rows (default: the last 48)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from headway.target import load_target
+    from headway.target import load_target, resolve_target_path
 
-    target, _ = load_target(args.target, device="cpu")
+    target, _ = load_target(resolve_target_path(args.target), device="cpu")  # a built-in name, or a folder
     rows = held_out(args.data, args.rows)
     report = {"target": args.target, "data": args.data, "rows": args.rows, "num_rows": len(rows), "drafters": {}}
     cache: dict[tuple[int, ...], list[Any]] = {}  # the target's states, once per set of layers

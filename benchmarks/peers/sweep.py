@@ -146,9 +146,9 @@ def evaluate_jobs(jobs: list[Job], root: Path, eval_sets: dict[str, str], target
     if not todo:
         return
     import evaluate
-    from headway.target import load_target
+    from headway.target import load_target, resolve_target_path
 
-    target, _ = load_target(target_name, device="cpu")
+    target, _ = load_target(resolve_target_path(target_name), device="cpu")  # a built-in name, or a folder
     rows = {n: evaluate.held_out(eval_sets[n], ":") for n in {n for _, n in todo}}
     cache: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
     for job, name in todo:
@@ -227,8 +227,8 @@ def print_plan(rows: list[dict[str, Any]], threads: int) -> None:
         print(f"{'':49}{json.dumps(opts) if opts else 'the recipe (--config)'}")
     todo = [r for r in rows if r["state"] not in ("scored", "trained")]
     cpu = sum(r["cpu_min"] for r in todo)
-    print(f"{len(todo)} of {len(rows)} runs left: ~{cpu:.0f} CPU minutes, ~{cpu / threads / 60:.1f} h on {threads} "
-          "threads one at a time (rates of docs/peers.md's runs scaled by epochs, tokens, TTT length and per-step "
+    print(f"{len(todo)} of {len(rows)} runs left: ~{cpu:.0f} CPU minutes, ~{cpu / threads:.0f} min "
+          f"({cpu / threads / 60:.1f} h) on {threads} threads one at a time (rates of docs/peers.md's runs scaled by epochs, tokens, TTT length and per-step "
           "compute; precision not modelled)")
 
 
@@ -267,6 +267,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ.update({k: v for k, v in job_env(args.threads).items() if k.endswith("OFFLINE")})  # the evaluation too
     root = Path(args.out)
     plan = prepared_plan(args)
     jobs = [j for j in protocol.plan(args.seeds, args.lr, args.tools) if j.tool == "headway" or j.mode in args.modes]
