@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 
 from headway.data.distill import DistillConfig, distill, load_distilled
 from headway.data.features import FeaturesConfig, FeatureStore, features
-from headway.data.vocab import draft_vocab, load_token_counts
 from headway.target import load_target
 from headway.testing import save_tiny_target
 
@@ -165,12 +164,49 @@ def test_modelopt_and_specforge_files(data, tmp_path):
         assert (mo / f"sample_{i:06d}.pt").stat().st_size < 1.5 * row_bytes + 4096
 
 
-def test_draft_vocab_is_headways(data):
-    path, _, _, _ = data
-    d2t, t2d = convert.draft_vocab_mapping(path, 50)
-    ids, want_d2t, want_t2d = draft_vocab(load_token_counts(path), 50)
-    assert torch.equal(d2t, want_d2t) and torch.equal(t2d, want_t2d)
-    assert torch.equal(torch.arange(50) + d2t, ids)
+def test_every_peer_gets_the_draft_vocab_headways_trainer_builds(data, tmp_path):
+    """The vocabulary files prepare.py hands each peer hold the ids of the drafter ``headway train`` builds
+    on the same data (its EAGLE-3 task, not the helper the harness calls): the peers and headway predict
+    over the same tokens, and a harness that counted, sorted or offset them otherwise would fail here."""
+    import argparse
+
+    import numpy as np
+
+    from headway.config import load_config
+    from headway.train.config import TrainConfig
+    from headway.train.eagle import Eagle3Task
+
+    path, ds, feats, model = data
+    n = 50
+    cfg = load_config(TrainConfig, None, {"kind": "eagle3", "target": "tiny", "data": str(path), "output_dir":
+                                          str(tmp_path / "hw"), "eagle.draft_vocab_size": n, "eagle.aux_layers": AUX})
+    heads = Eagle3Task(cfg).build(model)
+    want_d2t, want_t2d = heads.d2t.cpu(), heads.t2d.cpu()  # (n,) int64, (V,) bool
+    counts = torch.zeros(model.config.vocab_size, dtype=torch.long)  # counted here, from the answers themselves
+    for row in ds.to_list():
+        for tok, m in zip(row["input_ids"], row["loss_mask"]):
+            counts[tok] += m
+    assert int(want_t2d.sum()) == n and counts[want_t2d].sum() == counts.sort(descending=True).values[:n].sum()
+
+    prepare = _module("prepare")
+    args = argparse.Namespace(data=str(path), target=str(Path(model.name_or_path)), aux=AUX)
+    rows = list(convert.read_rows(feats, AUX))
+    got = {}
+    for peer in convert.PEERS:
+        vocab = prepare.write_peer(peer, rows, tmp_path / "peers", args, [n])["vocab"][str(n)]
+        if peer == "speculators":
+            got[peer] = torch.from_numpy(np.load(vocab["d2t"])), torch.from_numpy(np.load(vocab["t2d"]))
+        elif peer == "modelopt":  # ModelOpt reads d2t only; t2d follows from it
+            d2t = torch.load(vocab["d2t"], weights_only=True)
+            t2d = torch.zeros_like(want_t2d)
+            t2d[torch.arange(d2t.numel()) + d2t] = True
+            got[peer] = d2t, t2d
+        else:
+            m = torch.load(vocab["mapping"], weights_only=True)
+            got[peer] = m["d2t"], m["t2d"]
+    for peer, (d2t, t2d) in got.items():
+        assert torch.equal(d2t.long(), want_d2t), peer
+        assert torch.equal(t2d.bool(), want_t2d), peer
 
 
 def test_vocab_npy(tmp_path):

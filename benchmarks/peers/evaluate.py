@@ -39,17 +39,29 @@ def load_drafter(path: str, target: torch.nn.Module) -> Any:
     return import_heads(path, target=target).eval()
 
 
-def evaluate(drafter: Any, target: torch.nn.Module, rows: list[dict[str, Any]], batch_size: int = 8,
-             max_length: int = 384) -> dict[str, Any]:
-    """headway's eval sums over ``rows``, summed as ``headway train`` sums them."""
+def target_batches(target: torch.nn.Module, rows: list[dict[str, Any]], layers: list[int], batch_size: int = 8,
+                   max_length: int = 384) -> list[Any]:
+    """The target's side of the evaluation, once per held-out set: each batch's states at ``layers`` and
+    the target's argmax (its logits are dropped: 8 rows x 384 x 49k floats would not stay in memory)."""
     from headway.train.batch import collate, target_batch
+
+    out = []
+    with torch.no_grad():
+        for b in range(0, len(rows), batch_size):
+            tb = target_batch(target, collate(rows[b: b + batch_size], pad_id=0, max_length=max_length),
+                              sorted(set(layers) | {-1}), True)
+            tb.top, tb.logits = tb.logits.argmax(-1), None  # (B, T) target ids
+            out.append(tb)
+    return out
+
+
+def evaluate_batches(drafter: Any, batches: list[Any]) -> dict[str, Any]:
+    """headway's eval sums over prepared batches, summed as ``headway train`` sums them."""
     from headway.train.eagle import EVAL_DEPTH, eval_sums, summarize
 
     totals: dict[str, torch.Tensor] = {}
-    layers = sorted(set(drafter.feature_layers) | {-1})
     with torch.no_grad():
-        for b in range(0, len(rows), batch_size):
-            tb = target_batch(target, collate(rows[b: b + batch_size], pad_id=0, max_length=max_length), layers, True)
+        for tb in batches:
             hidden = drafter.fuse([tb.hidden[i] for i in drafter.feature_layers])
             stats = eval_sums(drafter, tb, hidden, EVAL_DEPTH)
             for k, v in stats.items():
@@ -60,6 +72,13 @@ def evaluate(drafter: Any, target: torch.nn.Module, rows: list[dict[str, Any]], 
     return {k: out[k] for k in keys if k in out}
 
 
+def evaluate(drafter: Any, target: torch.nn.Module, rows: list[dict[str, Any]], batch_size: int = 8,
+             max_length: int = 384) -> dict[str, Any]:
+    """headway's eval sums over ``rows`` for one drafter."""
+    return evaluate_batches(drafter, target_batches(target, rows, list(drafter.feature_layers), batch_size,
+                                                    max_length))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("drafters", nargs="+", help="NAME=PATH")
@@ -68,15 +87,19 @@ def main() -> None:
     ap.add_argument("--rows", default="-48:", help="python slice of held-out rows (default: the last 48)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from headway.target import load_target
+    from headway.target import load_target, resolve_target_path
 
-    target, _ = load_target(args.target, device="cpu")
+    target, _ = load_target(resolve_target_path(args.target), device="cpu")  # a built-in name, or a folder
     rows = held_out(args.data, args.rows)
     report = {"target": args.target, "data": args.data, "rows": args.rows, "num_rows": len(rows), "drafters": {}}
+    cache: dict[tuple[int, ...], list[Any]] = {}  # the target's states, once per set of layers
     for spec in args.drafters:
         name, _, path = spec.partition("=")
         d = load_drafter(path, target)
-        report["drafters"][name] = {"path": path, **evaluate(d, target, rows)}
+        layers = tuple(d.feature_layers)
+        if layers not in cache:
+            cache[layers] = target_batches(target, rows, list(layers))
+        report["drafters"][name] = {"path": path, **evaluate_batches(d, cache[layers])}
         print(name, json.dumps(report["drafters"][name]))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

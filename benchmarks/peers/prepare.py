@@ -1,17 +1,21 @@
 """The harness's first step: one headway dataset + its features folder -> every peer's input, the same
-rows, loss masks, aux layers and draft vocabulary, plus a ``plan.json`` the drivers read (so every
-trainer gets the same tokens, epochs and draft vocabulary size; learning rates are each tool's own
-recommendation unless ``--lr`` is given, and both are recorded).
+rows, loss masks, aux layers and draft vocabulary, plus a ``plan.json`` the runners read.
+
+The plan holds each tool's settings in both modes (``defaults.py``): ``own`` (each peer at its own
+defaults, its epochs capped only by ``--own-epochs-cap``) and ``shared`` (one draft vocabulary of ``--draft-vocab``,
+``--ttt-steps``, ``--epochs``, each tool's recommended LR unless ``--lr`` is given). A runner picks one
+with ``--defaults``; the converted data is the same for both.
 
     python benchmarks/peers/prepare.py --data runs/distill-demo --features runs/peers/features \\
         --target ~/.cache/headway/targets/demo-... --aux 2 4 5 --draft-vocab 2048 --rows 64 --out runs/peers
 
 Output::
 
-    OUT/plan.json                    settings + per-peer aux ids (each tool's numbering) + recommended LRs
-    OUT/speculators/data/            datasets folder + hidden_states/hs_{i}.safetensors (+ d2t/t2d .npy)
-    OUT/modelopt/data/sample_*.pt    ModelOpt's offline dump layout
-    OUT/specforge/data/data_*.ckpt   SpecForge's offline capture layout
+    OUT/plan.json                    rows, tokens, aux ids per tool, vocab files per size, settings per mode
+    OUT/speculators/data/            datasets folder + hidden_states/hs_{i}.safetensors
+    OUT/speculators/{d2t,t2d}-N.npy  the draft vocabulary of size N (one pair per size a mode uses)
+    OUT/modelopt/data/sample_*.pt    ModelOpt's offline dump layout; OUT/modelopt/d2t-N.pt
+    OUT/specforge/data/data_*.ckpt   SpecForge's offline capture layout; OUT/specforge/vocab_mapping-N.pt
     OUT/specforge/target/            the target with model.safetensors.index.json (SpecForge's TargetHead
                                      finds lm_head through it), the same weights linked
 """
@@ -28,9 +32,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import convert  # noqa: E402  (the harness folder is not a package)
+import defaults  # noqa: E402
 
-# Each tool's documented default learning rate for EAGLE-3 (what its users would run).
-RECOMMENDED_LR = {"headway": 2e-3, "speculators": 1e-3, "modelopt": 1e-4, "specforge": 1e-4}
+RECOMMENDED_LR = defaults.RECOMMENDED_LR
 
 
 def final_norm_weight(target_dir: str) -> torch.Tensor:
@@ -60,56 +64,84 @@ def specforge_target(target_dir: str, out: Path) -> Path:
     return out
 
 
+def settings(peers: list[str], draft_vocab: int, epochs: int, ttt_steps: int, lr: float | None,
+             own_epochs_cap: int | None = None) -> dict:
+    """{mode: {peer: settings}} for the plan (defaults.py)."""
+    return {"own": {p: defaults.own(p, own_epochs_cap) for p in peers},
+            "shared": {p: defaults.shared(p, draft_vocab, epochs, ttt_steps, lr) for p in peers}}
+
+
+def vocab_sizes(plan_settings: dict, peer: str) -> list[int]:
+    return sorted({plan_settings[mode][peer]["draft_vocab_size"] for mode in plan_settings})
+
+
+def write_peer(peer: str, rows: list, out: Path, args: argparse.Namespace, sizes: list[int]) -> dict:
+    """Convert the rows for ``peer`` and write its draft vocabulary at every size -> the plan's entry."""
+    me = out / peer
+    entry: dict = {"aux_ids": convert.peer_layer_ids(args.aux, peer), "vocab": {}}
+    for n in sizes:
+        d2t, t2d = convert.draft_vocab_mapping(args.data, n)
+        if peer == "speculators":
+            a, b = convert.write_vocab_npy(d2t, t2d, me)
+            entry["vocab"][str(n)] = {"d2t": str(a), "t2d": str(b)}
+        elif peer == "modelopt":
+            me.mkdir(parents=True, exist_ok=True)
+            torch.save(d2t.clone(), me / f"d2t-{n}.pt")  # the tensor itself: load_draft_vocab_cache's format
+            entry["vocab"][str(n)] = {"d2t": str(me / f"d2t-{n}.pt")}
+        else:
+            me.mkdir(parents=True, exist_ok=True)
+            torch.save({"d2t": d2t, "t2d": t2d}, me / f"vocab_mapping-{n}.pt")
+            entry["vocab"][str(n)] = {"mapping": str(me / f"vocab_mapping-{n}.pt")}
+    if peer == "speculators":
+        eps = float(json.loads((Path(args.target) / "config.json").read_text()).get("rms_norm_eps", 1e-6))
+        # its loader insists on a validation split (train_data_ratio in (0, 1)): one extra row, a copy of
+        # the last, and a ratio that keeps exactly the N rows for training
+        entry["data"] = str(convert.write_speculators(rows + rows[-1:], me / "data", final_norm_weight(args.target), eps))
+        entry["train_data_ratio"] = (len(rows) + 0.5) / (len(rows) + 1)
+    elif peer == "modelopt":
+        entry["data"] = str(convert.write_modelopt(rows, me / "data"))
+        entry["longest_row"] = max(len(r.input_ids) for r in rows)
+    else:
+        entry["data"] = str(convert.write_specforge(rows, me / "data"))
+        entry["target"] = str(specforge_target(args.target, me / "target"))
+    return entry
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="headway distilled dataset (its token counts give the draft vocab)")
     ap.add_argument("--features", required=True, help="headway features folder with hidden_states.{aux} and final")
     ap.add_argument("--target", required=True, help="target folder")
     ap.add_argument("--aux", type=int, nargs=3, required=True, help="HF hidden-state indices (headway's numbering)")
-    ap.add_argument("--draft-vocab", type=int, required=True)
+    ap.add_argument("--draft-vocab", type=int, required=True, help="the shared mode's draft vocabulary size")
     ap.add_argument("--rows", type=int, default=None, help="first N rows only")
     ap.add_argument("--max-length", type=int, default=None)
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--lr", type=float, default=None, help="one LR for all (default: each tool's own)")
+    ap.add_argument("--epochs", type=int, default=1, help="the shared mode's epochs (every tool's)")
+    ap.add_argument("--own-epochs-cap", type=int, default=None,
+                    help="cap the own mode's epochs (default: each peer's own, e.g. speculators' 20)")
+    ap.add_argument("--ttt-steps", type=int, default=3, help="the shared mode's TTT length")
+    ap.add_argument("--lr", type=float, default=None, help="the shared mode's one LR (default: each tool's own)")
     ap.add_argument("--peers", nargs="+", default=list(convert.PEERS), choices=convert.PEERS)
     ap.add_argument("--out", default="runs/peers")
     args = ap.parse_args()
 
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the runners and the sweep read these paths from other folders
     rows = list(convert.read_rows(args.features, args.aux, args.rows, args.max_length))
-    d2t, t2d = convert.draft_vocab_mapping(args.data, args.draft_vocab)
     tokens = sum(len(r.input_ids) for r in rows)
+    modes = settings(args.peers, args.draft_vocab, args.epochs, args.ttt_steps, args.lr, args.own_epochs_cap)
     plan = {"data": args.data, "features": args.features, "target": str(Path(args.target).resolve()),
             "rows": len(rows), "tokens": tokens, "answer_tokens": int(sum(int(r.loss_mask.sum()) for r in rows)),
             "epochs": args.epochs, "draft_vocab_size": args.draft_vocab, "aux_hf_index": args.aux,
             "lr": {p: args.lr or RECOMMENDED_LR[p] for p in ["headway", *args.peers]},
-            "lr_recommended": RECOMMENDED_LR, "peers": {}}
-    if "speculators" in args.peers:
-        eps = float(json.loads((Path(args.target) / "config.json").read_text()).get("rms_norm_eps", 1e-6))
-        # its loader insists on a validation split (train_data_ratio in (0, 1)): one extra row, a copy of
-        # the last, and a ratio that keeps exactly the N rows for training
-        d = convert.write_speculators(rows + rows[-1:], out / "speculators" / "data", final_norm_weight(args.target),
-                                      eps)
-        a, b = convert.write_vocab_npy(d2t, t2d, out / "speculators")
-        plan["peers"]["speculators"] = {"data": str(d), "d2t": str(a), "t2d": str(b),
-                                        "train_data_ratio": (len(rows) + 0.5) / (len(rows) + 1),
-                                        "aux_ids": convert.peer_layer_ids(args.aux, "speculators")}
-    if "modelopt" in args.peers:
-        d = convert.write_modelopt(rows, out / "modelopt" / "data")
-        torch.save(d2t.clone(), out / "modelopt" / "d2t.pt")  # the tensor itself: load_draft_vocab_cache's format
-        plan["peers"]["modelopt"] = {"data": str(d), "d2t": str(out / "modelopt" / "d2t.pt"),
-                                     "aux_ids": convert.peer_layer_ids(args.aux, "modelopt")}
-    if "specforge" in args.peers:
-        d = convert.write_specforge(rows, out / "specforge" / "data")
-        torch.save({"d2t": d2t, "t2d": t2d}, out / "specforge" / "vocab_mapping.pt")
-        tgt = specforge_target(args.target, out / "specforge" / "target")
-        plan["peers"]["specforge"] = {"data": str(d), "target": str(tgt),
-                                      "vocab_mapping": str(out / "specforge" / "vocab_mapping.pt"),
-                                      "aux_ids": convert.peer_layer_ids(args.aux, "specforge")}
+            "lr_recommended": RECOMMENDED_LR, "settings": modes,
+            "peers": {p: write_peer(p, rows, out, args, vocab_sizes(modes, p)) for p in args.peers}}
     if (out / "plan.json").is_file():  # peers prepared earlier with the same settings stay listed
         old = json.loads((out / "plan.json").read_text())
-        same = all(old.get(k) == plan[k] for k in ("features", "rows", "tokens", "draft_vocab_size", "aux_hf_index"))
-        plan["peers"] = {**(old["peers"] if same else {}), **plan["peers"]}
+        keys = ("features", "rows", "tokens", "draft_vocab_size", "aux_hf_index", "epochs")
+        if all(old.get(k) == plan[k] for k in keys) and "settings" in old:
+            plan["peers"] = {**old["peers"], **plan["peers"]}
+            for mode in modes:
+                plan["settings"][mode] = {**old["settings"].get(mode, {}), **modes[mode]}
     (out / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
     print(f"{len(rows)} rows, {tokens} tokens -> {out}/plan.json")
 
