@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ["README.md"] + sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")) + sorted(
     p.relative_to(ROOT).as_posix() for p in ROOT.glob("*/README.md") if not p.parts[-2].startswith((".", "headway")))
 # documents whose backticked script names resolve against their folder or the root (design.md,
-# interop.md and peagle.md name package-relative modules and engines' files)
-SCRIPT_DOCS = [d for d in DOCS if d not in ("docs/design.md", "docs/interop.md", "docs/peagle.md",
+# interop.md, peagle.md and peers.md name package-relative modules and engines' and peers' files)
+SCRIPT_DOCS = [d for d in DOCS if d not in ("docs/design.md", "docs/interop.md", "docs/peagle.md", "docs/peers.md",
                                              "configs/README.md")]
 README_MAX_LINES = 250
 # a repository path: docs/..., configs/..., benchmarks/..., tests/..., headway/..., .ci/...
