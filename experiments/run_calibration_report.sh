@@ -46,7 +46,7 @@ for h in "${HEADS[@]}"; do
   # shellcheck disable=SC2086  # TUNE_ARGS is a list
   kind=$(basename "$(dirname "$h")")
   "$PY" -m headway tune --target "$TARGET" --heads "$h" --prompts "$TUNE_PROMPTS" --num-prompts "$NUM" \
-    --json-out "$OUT/tune-$kind.json" ${TUNE_ARGS:-}
+    --json-out "$OUT/tune-$kind.json" --budget-s none ${TUNE_ARGS:-}
 done
 
 echo "== 3. stored defaults, calibrated and not ==" >&2
