@@ -14,13 +14,12 @@ from headway.config import ConfigError, load_config
 from headway.heads import Eagle1Drafter, Eagle3Drafter, HeadsError, load_heads
 from headway.target import TargetError, load_target
 from headway.testing import save_tiny_target, tiny_target
-from headway.train.batch import collate, target_batch
 from headway.train.config import TrainConfig
 from headway.train.errors import TrainError
-from headway.train.eagle import Eagle1Task, Eagle3Task, feature_batch
+from headway.train.eagle import Eagle1Task, Eagle3Task
 from headway.train.recipe import fit, train
 
-from train_utils import distilled_rows, free_port, run_cli, save_rows
+from train_utils import distilled_rows, free_port, online_and_offline_losses, run_cli, save_rows
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models on a shared 2-core machine
@@ -183,7 +182,7 @@ def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task
     (offline, float32) give the same K training steps, loss for loss; offline, EAGLE-3 projects
     only its draft vocabulary's rows, as EAGLE-1 with one does (and with argmax_from=data no full
     projection at all)."""
-    from headway.data.features import FeatureStore, FeaturesConfig, features
+    from headway.data.features import FeatureStore
 
     root, target_dir, data = setup
     target, _ = load_target(str(target_dir), device="cpu")
@@ -192,37 +191,13 @@ def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task
     cfg = config(setup, tmp_path, task_cls.kind, data=str(data),
                  **{"eagle.draft_vocab_size": vocab, "eagle.argmax_from": argmax_from})
     layers = [str(i) for i in sorted(set(Eagle3Drafter.for_target(target).feature_layers))]
-    store_dir = features(FeaturesConfig(dataset=str(data), output=str(tmp_path / "feat"), layers=["final", *layers],
-                                        store_dtype="float32", target=str(target_dir), batch_size=4, shard_size=16))
-    store = FeatureStore(store_dir)
-    from datasets import load_from_disk
 
-    rows = load_from_disk(str(data)).to_list()
+    def only_the_draft_rows(tb) -> None:
+        assert (tb.logit_rows is None) == (vocab is None)
 
-    def run(source: str) -> list[float]:
-        torch.manual_seed(0)
-        task = task_cls(cfg)
-        heads = task.build(target)
-        opt = torch.optim.AdamW(heads.parameters(), lr=3e-3)
-        out = []
-        for step in range(4):
-            idx = list(range(4 * step, 4 * step + 4))
-            if source == "online":
-                tb = target_batch(target, collate([rows[i] for i in idx]), task.feature_layers(heads), True)
-            else:
-                head = target.get_output_embeddings()
-                logits = task.stored_logits(heads, head) if hasattr(task, "stored_logits") else head
-                tb = feature_batch([store[i] for i in idx], task.feature_layers(heads), logits)
-                assert (tb.logit_rows is None) == (vocab is None)
-            torch.manual_seed(100 + step)  # the loop's RNG: EAGLE-1's input noise
-            loss, _ = task.loss(heads, tb, step)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            out.append(loss.item())
-        return out
-
-    online, offline = run("online"), run("offline")
+    online, offline = online_and_offline_losses(task_cls, cfg, target_dir, data, tmp_path / "feat",
+                                                ["final", *layers], steps=4, check_offline=only_the_draft_rows)
+    store = FeatureStore(tmp_path / "feat")
     assert online[-1] != online[0]
     if argmax_from == "data":
         # the loop's module: training batches take the data's token, evaluation the target's argmax
@@ -243,7 +218,9 @@ def test_online_and_offline_features_give_identical_losses(setup, tmp_path, task
         assert not torch.equal(eval_tb.top, train_tb.top)
     if argmax_from == "data" and task_cls is Eagle3Task:  # not the tiny target's greedy rows: other labels
         cfg = replace(cfg, eagle=replace(cfg.eagle, argmax_from="logits"))
-        assert run("online")[0] != online[0]
+        other, _ = online_and_offline_losses(task_cls, cfg, target_dir, data, tmp_path / "feat-logits",
+                                             ["final", *layers], steps=1)
+        assert other[0] != online[0]
     torch.testing.assert_close(torch.tensor(offline), torch.tensor(online), rtol=1e-6, atol=1e-6)
 
 

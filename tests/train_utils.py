@@ -66,9 +66,12 @@ def records(out: Path) -> list[dict]:
 
 
 def online_and_offline_losses(task_class: Any, cfg: Any, target_dir: Path, data: Path, features_dir: Path,
-                              layers: list[str], steps: int = 3) -> tuple[list[float], list[float]]:
+                              layers: list[str], steps: int = 3,
+                              check_offline: Any = None) -> tuple[list[float], list[float]]:
     """A task's losses over ``steps`` optimiser steps of 4 rows, from the same initial heads, with the
-    target running (online) and on the features ``headway features`` stores at ``layers`` (offline)."""
+    target running (online) and on the features ``headway features`` stores at ``layers`` (offline).
+    Each loss runs after ``torch.manual_seed(100 + step)`` (the loop's RNG: EAGLE-1's input noise);
+    ``check_offline(tb)`` sees every offline batch."""
     from datasets import load_from_disk
 
     from headway.data.features import FeatureStore, FeaturesConfig, features
@@ -95,6 +98,9 @@ def online_and_offline_losses(task_class: Any, cfg: Any, target_dir: Path, data:
             else:
                 tb = feature_batch([store[i] for i in idx], task.feature_layers(heads),
                                    task.stored_logits(heads, target.get_output_embeddings()))
+                if check_offline is not None:
+                    check_offline(tb)
+            torch.manual_seed(100 + step)
             loss, _ = task.loss(heads, tb, step)
             loss.backward()
             opt.step()
