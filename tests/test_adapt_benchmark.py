@@ -100,3 +100,14 @@ def test_the_report_checks_the_issues_goals():
     missed = bench.report({"base": 1.4, "adapted": 1.5, "scratch": 1.8}, {"adapted": 200.0, "scratch": 500.0})
     assert not any(missed["goals"].values())
     assert "goal beats_base_by_20pct: missed" in bench.table(missed)
+    counted = bench.report({"base": 1.2, "adapted": 1.5, "scratch": 1.6}, {"adapted": 100.0, "scratch": 500.0},
+                           {"distill_tokens": {"adapted": 30_000, "scratch": 120_000},
+                            "train_tokens": {"adapted": 10_000, "scratch": 50_000}})
+    assert counted["ratios"]["adapted_over_scratch_distill_tokens"] == 0.25
+    assert counted["ratios"]["adapted_over_scratch_train_tokens"] == 0.2
+    assert counted["goals"]["within_25pct_of_scratch_work"]
+    over = bench.report({"base": 1.2, "adapted": 1.5, "scratch": 1.6}, {"adapted": 100.0, "scratch": 500.0},
+                        {"distill_tokens": {"adapted": 30_000, "scratch": 120_000},
+                         "train_tokens": {"adapted": 26_000, "scratch": 100_000}})
+    assert not over["goals"]["within_25pct_of_scratch_work"]  # one part over the bar is enough
+    assert "train_tokens" in bench.table(over)
