@@ -22,7 +22,7 @@ from ..hardware import sync
 from .attention import tree_attention
 from .kv import drop_last, new_cache
 from .node_logits import PREFETCH_ROWS
-from .tree import additive_mask
+from .tree import tree_mask
 
 # token counts timed for a cost curve; the rest are interpolated (the linear kernels switch at
 # powers of two and the buckets between them, ``headway.kernels.BUCKETS``)
@@ -76,7 +76,7 @@ def forward_cost(rt: Any, sizes: Sequence[int], prefix_len: int = 128, repeats: 
     with torch.inference_mode():
         rt.target(input_ids=torch.randint(3, vocab, (1, prefix_len), device=dev, generator=gen),
                     **{cache_kwarg(): cache}, use_cache=True, **({"logits_to_keep": 1} if rt.keeps_logits else {}))
-        masks = {n: additive_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, rt.dtype)
+        masks = {n: tree_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, rt.dtype)
                  for n in sizes}
         times: dict[int, list[float]] = {n: [] for n in sizes}
         for _ in range(repeats):  # sizes interleaved: a machine whose speed drifts slows every size alike

@@ -33,7 +33,7 @@ from ..heads.base import DraftVocab
 from ..heads.dflash import ContextKV, extend_context, survival
 from ..heads.layers import DraftCache
 from ..heads.metadata import calibration_temperatures
-from .padding import (additive, after_prefix, catch_up_visible, first_slots, pad_rows, prefill_mask, used_columns,
+from .padding import (additive, after_prefix, catch_up_visible, first_slots, keep_rows, pad_rows, prefill_mask,
                       with_mask_queries)
 
 
@@ -137,18 +137,10 @@ class _Drafts:
         pass
 
     def _select(self, keep: Sequence[int]) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-        """Keep rows ``keep`` of ``valid`` and ``base``, then drop the slot columns only dropped rows used
-        (the target cache's rule). Returns the row index and what does the same to a cache tensor
-        (B, kv_heads, S, head_dim)."""
-        sel = torch.tensor(list(keep), dtype=torch.long, device=self.valid.device)
-        self.valid, self.base = self.valid[sel], self.base[sel]
-        cols = used_columns(self.valid)
-        if cols is not None:
-            self.valid = self.valid[:, cols]
-
-        def take(t: torch.Tensor) -> torch.Tensor:
-            t = t.index_select(0, sel)
-            return t if cols is None else t.index_select(2, cols)
+        """Keep rows ``keep`` of ``valid`` and ``base`` (``padding.keep_rows``: the target cache's rule).
+        Returns the row index and what selects the same rows and slots of a cache tensor."""
+        sel, self.valid, take = keep_rows(self.valid, keep)
+        self.base = self.base[sel]
         return sel, take
 
     def _accepted(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],

@@ -21,7 +21,7 @@ from ..heads import DFlashDrafter, HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from ..tokenizer import encode_prompt
 from .args import DecodeError, check_decode_args, check_prompt_list, row_named
-from .layouts import OneRow
+from .kv import OneRow
 from .policy import TreePolicy, batch_table, drafts_per_token, fit_tree, fitted_table
 from .proposers import Proposer, RowsProposer, hidden_index, make_proposer
 from .runtime import Runtime

@@ -14,7 +14,7 @@ When the policy says speculation does not pay at this batch size, ``plain`` runs
 forward over each row's last token, as plain decoding does (no tree, no mask beyond the padding);
 the proposer catches up on those tokens when drafting resumes.
 
-``generate`` is a batch of one (``layouts.OneRow``); ``generate_batch`` pads (``layouts.PaddedRows``).
+``generate`` is a batch of one (``kv.OneRow``); ``generate_batch`` pads (``kv.PaddedRows``).
 Randomness is an argument (each row's ``torch.Generator``), so tests can replay and bias it; timing
 and statistics go to hooks (``StepHooks``), not into the step.
 """
@@ -29,8 +29,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from ..hardware import sync
-from .kv import in_place
-from .layouts import OneRow, PaddedRows
+from .kv import OneRow, PaddedRows, in_place
 from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs
 from .policy import TreePolicy
 from .proposers import DFlashProposer, Proposer
