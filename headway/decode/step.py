@@ -226,11 +226,7 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
         extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
                      layers=sorted(set(rt.layers) | {last}))
     tokens, pos, mask = batch.kv.tree_inputs(trees, lengths, pad, rt.dtype)
-    sync(rt.device)
-    t = time.perf_counter()
-    out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask, **extra)
-    sync(rt.device)
-    seconds = time.perf_counter() - t
+    out, seconds = timed_forward(rt, batch, tokens, pos, mask, **extra)
     node_logits, features = [], []
     for b, tree in enumerate(trees):
         n = tree.tokens.numel()
@@ -238,6 +234,17 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
                            else NodeLogits(tree.buffers, full=out.logits[b, :n]))
         features.append(rt.features(out, b, slice(0, n)))
     return Scored(drafts, node_logits, features, seconds, tokens, None if lazy else out.logits)
+
+
+def timed_forward(rt: Runtime, batch: Batch, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                  **extra: Any) -> tuple[Any, float]:
+    """The step's target forward over ``tokens`` (B, n) at ``pos`` (B, n) into the batch's cache, and its
+    seconds (synced on both sides: a GPU's queued work is not counted)."""
+    sync(rt.device)
+    t = time.perf_counter()
+    out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask, **extra)
+    sync(rt.device)
+    return out, time.perf_counter() - t
 
 
 # -- accept -------------------------------------------------------------------------------------
@@ -339,8 +346,7 @@ def _advance(batch: Batch, emitted: Sequence[list[int]], eos: set[int]) -> tuple
 
 # -- a plain step -------------------------------------------------------------------------------
 FLUSH_EVERY = 64  # plain steps the proposer may lag behind: it is told (one call) after this many
-def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Tensor] = choose
-          ) -> tuple[list[list[int]], list[Row], float]:
+def plain(rt: Runtime, batch: Batch, eos: set[int]) -> tuple[list[list[int]], list[Row], float]:
     """A step without drafts (the policy's choice at this batch size): one target forward over each
     row's last token, which emits the target's own next token, as plain decoding does: no tree, no
     verification, the cache entry already in place. The proposer sees these tokens when drafting
@@ -349,17 +355,12 @@ def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Te
     rows = batch.rows
     roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     lengths = [r.length for r in rows]
-    tokens, pos, mask = batch.kv.plain_inputs(roots, lengths, rt.dtype)  # (B, 1), (B, 1), mask or None
-    sync(rt.device)
-    t = time.perf_counter()
-    out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask)
-    sync(rt.device)
-    seconds = time.perf_counter() - t
+    out, seconds = timed_forward(rt, batch, *batch.kv.plain_inputs(roots, lengths, rt.dtype))  # (B, 1) tokens
     logits = out.logits[:, -1]  # (B, V)
     if all(r.params.greedy for r in rows):
         nxt = logits.argmax(-1)  # (B,)
     else:
-        nxt = torch.stack([pick(logits[b], r.params, r.gen) for b, r in enumerate(rows)])
+        nxt = torch.stack([choose(logits[b], r.params, r.gen) for b, r in enumerate(rows)])
     batch.kv.keep_plain()
     s = batch.skipped = batch.skipped or Skipped(lengths)
     s.tokens.append(roots)
