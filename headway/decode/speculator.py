@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from ..hardware import sync
-from ..heads import DFlashDrafter, HeadsBase, load_heads
+from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from ..tokenizer import encode_prompt
 from .args import DecodeError, check_decode_args, check_prompt_list, row_named
 from .kv import OneRow
 from .policy import TreePolicy, batch_table, drafts_per_token, fit_tree, fitted_table
-from .proposers import Proposer, RowsProposer, hidden_index, make_proposer
+from .proposers import DFlashProposer, Proposer, RowsProposer, hidden_index, make_proposer
 from .runtime import Runtime
 from .sampling import SamplingParams
 from .shapes import TreeShape, chain
@@ -95,11 +95,12 @@ class Speculator:
         if sampling_tree is None and tree is None and drafts_per_token(proposer):
             sampling_tree = chain(4)
         fitted = fit_tree(tree, proposer)
+        confident = isinstance(proposer, DFlashProposer) and proposer.confident  # DSpark's confidence head
         self.policy = TreePolicy(fitted, fit_tree(sampling_tree, proposer) if sampling_tree is not None else fitted,
                                  self.runtime.max_positions, sampled_drafts, typical,
                                  fitted_table(by_batch, proposer), fitted_table(by_batch_sampling, proposer),
                                  batch_aware=batch_policy == "auto",
-                                 confidence_sizing=confidence_sizing and not compile and confident(heads))
+                                 confidence_sizing=confidence_sizing and not compile and confident)
         self.hooks: list[StepHooks] = []  # called after every step (``step.StepHooks``), after the stats
         self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
         self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
@@ -416,11 +417,6 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     """``text`` up to the first of the ``stop`` strings in it, and whether one was."""
     hits = [text.find(s) for s in stop if s in text]
     return (text[: min(hits)], True) if hits else (text, False)
-
-
-def confident(heads: HeadsBase) -> bool:
-    """The heads estimate each draft's chance of acceptance (DSpark's confidence head)."""
-    return isinstance(heads, DFlashDrafter) and heads.has_confidence
 
 
 def _adapter_of(heads: Path | HeadsBase) -> str | None:

@@ -37,7 +37,7 @@ from .runtime import Runtime
 from .sampling import (SamplingParams, draw_children, draw_draft, processed_probs, sample_from, verify_sample,
                        verify_sampled_chain, verify_typical)
 from .shapes import DynamicShape, TreeShape, is_chain
-from .stats import GenerationStats, _record_depths
+from .stats import GenerationStats
 from .trees import DraftTree, build_trees, sampled_chains, sized_chain
 from .verify import Verdict, stack_trees, verify_greedy, verify_greedy_walk
 
@@ -418,7 +418,7 @@ class RecordStats:
                 nodes = scored.drafts.trees[b].buffers.size
                 s.tree_nodes += nodes
                 s.projected_rows += len(scored.node_logits[b].rows) if scored.node_logits[b].lazy else nodes
-                _record_depths(s, verdicts[b])
+                s.record_accepted(verdicts[b].accepted)
             s.time_draft += times["draft"]
             s.time_verify += times["verify"]
             s.time_bookkeeping += times["bookkeeping"]
