@@ -28,7 +28,8 @@ from .runtime import Runtime
 from .sampling import SamplingParams
 from .shapes import TreeShape, chain
 from .stats import BatchOutput, GenerationOutput, GenerationStats
-from .step import Batch, RecordStats, Row, RowScored, StepHooks, choose, commit, draft, prefill, score, step, stopped
+from .step import (Batch, RecordStats, Row, RowScored, StepHooks, choose, commit, draft, leave, prefill, score, step,
+                   stopped)
 from .verify import Verdict
 
 __all__ = ["Speculator", "GenerationOutput", "GenerationStats", "BatchOutput"]
@@ -322,14 +323,7 @@ class Speculator:
                 r.stats.time_total = time.perf_counter() - t_start
 
         try:
-            first_done = [i for i, r in enumerate(batch.rows) if stopped(r, eos)]
-            if first_done:
-                finish([batch.rows[i] for i in first_done])
-                keep = [i for i in range(len(batch.rows)) if i not in first_done]
-                if keep:
-                    batch.kv.select(keep)
-                    batch.proposer.select(keep)
-                batch.rows = [batch.rows[i] for i in keep]
+            finish(leave(batch, [stopped(r, eos) for r in batch.rows]))  # a first token may end a row
             yield [r.emitted[:] for r in rows]
             hooks: list[StepHooks] = [RecordStats(), *self.hooks]
             while batch.rows:

@@ -322,26 +322,29 @@ def _advance(batch: Batch, emitted: Sequence[list[int]], eos: set[int]) -> tuple
     """Each row emits its tokens (each one's KV entry now in the cache: the row's length grows by as
     many), cut at EOS and ``max_new``; the rows that stopped leave the cache, the proposer and the
     batch. Returns (each row's new tokens, the rows that stopped)."""
-    news, finished, keep = [], [], []
-    for i, (r, new) in enumerate(zip(batch.rows, emitted)):
+    news, done = [], []
+    for r, new in zip(batch.rows, emitted):
         r.length += len(new)
         before = len(r.emitted)
         r.emitted += new
         del r.emitted[r.max_new:]
         r.stats.new_tokens = len(r.emitted)
-        done = stopped(r, eos, len(r.emitted) - before)
+        done.append(stopped(r, eos, len(r.emitted) - before))
         news.append(r.emitted[before:])
-        if done:
-            finished.append(r)
-        else:
-            keep.append(i)
-    if finished and keep:  # the last row leaving ends the generation: nothing to keep
+    return news, leave(batch, done)
+
+
+def leave(batch: Batch, done: Sequence[bool]) -> list[Row]:
+    """The rows marked ``done`` leave the cache, the proposer and the batch; returns them."""
+    keep = [i for i, d in enumerate(done) if not d]
+    if 0 < len(keep) < len(done):  # the last row leaving ends the generation: nothing to keep
         batch.kv.select(keep)
         batch.proposer.select(keep)
         if batch.skipped is not None:
             batch.skipped.select(keep)
+    finished = [r for r, d in zip(batch.rows, done) if d]
     batch.rows = [batch.rows[i] for i in keep]
-    return news, finished
+    return finished
 
 
 # -- a plain step -------------------------------------------------------------------------------
