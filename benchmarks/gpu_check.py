@@ -123,7 +123,8 @@ def verify_cost(model, prefix: int, ns: list[int], reps: int) -> dict[int, float
     """Median seconds of one n-token tree-shaped forward after a ``prefix``-token cache, per n
     (causal tree: the cost does not depend on the tree's shape, only on n)."""
     from headway.compat import cache_kwarg
-    from headway.decode.kv import keep_accepted, new_cache, tree_mask
+    from headway.decode.kv import keep_accepted, new_cache
+    from headway.decode.tree import tree_mask
 
     dev, V = model.device, model.config.vocab_size
     cache = new_cache(model.config)

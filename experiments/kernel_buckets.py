@@ -10,7 +10,8 @@ import time
 
 import torch
 
-from headway.decode.kv import new_cache, tree_mask
+from headway.decode.kv import new_cache
+from headway.decode.tree import tree_mask
 from headway.kernels import BUCKETS, LinearKernels, LinearPlan, plain_linears, weight_major
 from headway.target import load_target, resolve_target_path
 

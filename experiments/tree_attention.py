@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from headway import native
 from headway.compat import cache_kwarg
 from headway.decode.attention import grouped_attention, tree_attention
-from headway.decode.tree import additive_mask
+from headway.decode.tree import tree_mask
 from headway.kernels import LinearKernels
 from headway.target import load_target, resolve_target_path
 
@@ -29,11 +29,11 @@ torch.set_num_threads(threads)
 ctx, sizes = 200, (4, 8, 16, 24, 32, 48)
 
 
-def tree_mask(q: int, prefix: int) -> torch.Tensor:
+def random_tree_mask(q: int, prefix: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(q)
     visible = (torch.rand(q, q, generator=g) < 0.3).tril()
     visible.fill_diagonal_(True)
-    return additive_mask(visible, prefix, torch.float32)
+    return tree_mask(visible, prefix, torch.float32)
 
 
 def median_ms(ts: list[float]) -> float:
@@ -45,7 +45,7 @@ with torch.inference_mode():
     for q in sizes:
         query = torch.randn(1, 9, q, 64)
         key, value = torch.randn(1, 3, ctx + q, 64), torch.randn(1, 3, ctx + q, 64)
-        mask = tree_mask(q, ctx)
+        mask = random_tree_mask(q, ctx)
 
         def sdpa() -> torch.Tensor:  # what transformers' sdpa_attention_forward runs for a 4-D float mask
             k = key[:, :, None].expand(1, 3, 3, ctx + q, 64).reshape(1, 9, ctx + q, 64)
@@ -72,7 +72,7 @@ with torch.inference_mode():
     for q in sizes:
         ids = torch.randint(100, 40000, (1, q))
         pos = (ctx + torch.arange(q))[None]
-        mask = tree_mask(q, ctx)
+        mask = random_tree_mask(q, ctx)
         ts = {"sdpa": [], "grouped": []}
         for _ in range(reps):
             for name in ts:

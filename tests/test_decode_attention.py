@@ -10,7 +10,7 @@ from headway.compat import cache_kwarg
 from headway.decode import Speculator
 from headway.decode import attention
 from headway.decode.attention import grouped_attention, tree_attention
-from headway.decode.tree import additive_mask
+from headway.decode.tree import tree_mask
 from headway.testing import tiny_target
 
 from test_decode_exact import make_heads, prompts, reference, tie_free
@@ -21,7 +21,7 @@ def _tree_mask(q, prefix, seed=0):
     g = torch.Generator().manual_seed(seed)
     visible = (torch.rand(q, q, generator=g) < 0.4).tril()
     visible.fill_diagonal_(True)
-    return additive_mask(visible, prefix, torch.float32)
+    return tree_mask(visible, prefix, torch.float32)
 
 
 @pytest.mark.parametrize("heads,kv_heads,q", [(9, 3, 24), (4, 2, 5), (8, 1, 7), (6, 6, 3)])

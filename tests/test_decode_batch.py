@@ -9,7 +9,7 @@ import torch
 
 from headway.decode import Speculator
 from headway.decode.args import DecodeError
-from headway.decode.layouts import PaddedRows
+from headway.decode.kv import PaddedRows
 from headway.decode.padding import catch_up_visible, first_slots, left_pad, prefill_mask, used_columns
 from headway.decode.proposers import EagleProposer, RowsProposer, make_proposer
 from headway.testing import tiny_target

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from headway.decode import Speculator
-from headway.decode import layouts
+from headway.decode import kv
 from headway.decode.args import DecodeError
 from headway.decode.proposers import make_proposer
 from headway.heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, MedusaHeads, PEagleDrafter
@@ -292,12 +292,12 @@ def test_corrupted_mask_is_caught(models, monkeypatch):
     model, tok = models["llama"]
     heads = make_heads("medusa", model)
     ps = prompts(tok, n=5)
-    real = layouts.tree_mask
+    real = kv.tree_mask
 
     def leaky(visible, prefix_len, dtype, kv_len=None):
         return real(torch.ones_like(visible), prefix_len, dtype, kv_len)
 
-    monkeypatch.setattr(layouts, "tree_mask", leaky)
+    monkeypatch.setattr(kv, "tree_mask", leaky)
     spec = Speculator(model, tok, heads, tree="mc_sim_7b_63")
     mismatches = sum(spec.generate(p, max_new_tokens=16).ids != reference(model, p, 16) for p in ps)
     assert mismatches >= 1

@@ -11,9 +11,9 @@ from transformers import DynamicCache, StaticCache
 from headway.compat import cache_kwarg
 from headway.decode import Speculator
 from headway.decode.args import DecodeError
-from headway.decode.kv import in_place, keep_accepted, new_cache, static_length, tree_mask
+from headway.decode.kv import in_place, keep_accepted, new_cache, static_length
 from headway.decode.proposers import make_proposer
-from headway.decode.tree import additive_mask
+from headway.decode.tree import tree_mask
 from headway.decode.args import DecodeTargetArgs
 from headway.target import TargetError, load_dtype, load_target, parse_device_map
 from headway.testing import tiny_target
@@ -112,7 +112,7 @@ def test_unknown_heads_dtype(models):
 def test_tree_mask_pads_a_static_cache():
     visible = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     dyn = tree_mask(visible, 4, torch.float32)
-    assert torch.equal(dyn, additive_mask(visible, 4, torch.float32))
+    assert dyn.shape == (1, 1, 3, 7) and (dyn[..., :4] == 0).all() and torch.equal(dyn[0, 0, :, 4:] == 0, visible)
     static = tree_mask(visible, 4, torch.float32, kv_len=10)  # (1, 1, 3, 10)
     assert static.shape == (1, 1, 3, 10) and torch.equal(static[..., :7], dyn)
     assert (static[..., 7:] == torch.finfo(torch.float32).min).all()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import SamplingOptions, opt
-from .args import CALIBRATE_HELP, DecodeTargetArgs, check_decode_args
+from .args import CALIBRATE_HELP, DecodeError, DecodeTargetArgs, check_decode_args
 
 
 @dataclass(kw_only=True)
@@ -91,7 +91,6 @@ def prompt_token_ids(tokenizer: Any, prompt: str, chat: bool, target: str) -> li
     from ..data.chat import load_chat_template
     from ..data.plans import prompt_ids
     from ..data.samples import Sample
-    from .speculator import DecodeError
 
     template = load_chat_template(tokenizer, None)
     if chat and not template:
@@ -100,8 +99,6 @@ def prompt_token_ids(tokenizer: Any, prompt: str, chat: bool, target: str) -> li
 
 
 def generate_cli(cfg: GenerateConfig) -> int:
-    from .speculator import DecodeError
-
     if not cfg.prompt:
         raise DecodeError("give a prompt with --prompt '...'")
     typical = (cfg.posterior_threshold, cfg.posterior_alpha) if cfg.typical else None

@@ -17,12 +17,10 @@ from typing import Any, Sequence
 
 import torch
 
-from ..compat import cache_kwarg
 from ..hardware import sync
-from .attention import tree_attention
 from .kv import drop_last, new_cache
 from .node_logits import PREFETCH_ROWS
-from .tree import additive_mask
+from .tree import tree_mask
 
 # token counts timed for a cost curve; the rest are interpolated (the linear kernels switch at
 # powers of two and the buckets between them, ``headway.kernels.BUCKETS``)
@@ -74,9 +72,8 @@ def forward_cost(rt: Any, sizes: Sequence[int], prefix_len: int = 128, repeats: 
     lazy = rt.uses_lazy_logits()
     cache = new_cache(rt.target.config)  # a full cache: sliding-window layers' would refuse the crops
     with torch.inference_mode():
-        rt.target(input_ids=torch.randint(3, vocab, (1, prefix_len), device=dev, generator=gen),
-                    **{cache_kwarg(): cache}, use_cache=True, **({"logits_to_keep": 1} if rt.keeps_logits else {}))
-        masks = {n: additive_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, rt.dtype)
+        rt.forward(torch.randint(3, vocab, (1, prefix_len), device=dev, generator=gen), cache, **rt.last_logits_only())
+        masks = {n: tree_mask(torch.ones(n, n, dtype=torch.bool, device=dev).tril(), prefix_len, rt.dtype)
                  for n in sizes}
         times: dict[int, list[float]] = {n: [] for n in sizes}
         for _ in range(repeats):  # sizes interleaved: a machine whose speed drifts slows every size alike
@@ -88,10 +85,8 @@ def forward_cost(rt: Any, sizes: Sequence[int], prefix_len: int = 128, repeats: 
                 tok = torch.randint(3, vocab, (1, n), device=dev, generator=gen)
                 sync(dev)
                 t = time.perf_counter()
-                # the linear kernels and the attention the decoder's verify forward runs with
-                with rt.kernels(), tree_attention(rt.target, rt.grouped_attention):
-                    rt.target(input_ids=tok, **{cache_kwarg(): cache}, use_cache=True, attention_mask=masks[n],
-                                position_ids=pos, **keep)
+                with rt.kernels():  # the linear kernels, attention and hidden states of a verify forward
+                    rt.forward(tok, cache, attention_mask=masks[n], position_ids=pos, **keep)
                 sync(dev)
                 times[n].append(time.perf_counter() - t)
                 drop_last(cache, n)

@@ -9,10 +9,9 @@ ancestors), turned into a float additive mask with exact zeros (``additive``).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
-
 
 
 def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -87,3 +86,18 @@ def used_columns(valid: torch.Tensor) -> torch.Tensor | None:
     """The slot columns some row still uses (sorted), or None when every column is used."""
     used = valid.any(0)
     return None if bool(used.all()) else used.nonzero().squeeze(1)
+
+
+def keep_rows(valid: torch.Tensor, keep: Sequence[int]
+              ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """Rows ``keep`` of a padded cache, in this order, then only the slot columns some of them use
+    (``used_columns``) -> (the row index (B',), their ``valid``, and what does the same to a cache
+    tensor (B, heads, S, head_dim))."""
+    sel = torch.tensor(list(keep), dtype=torch.long, device=valid.device)
+    valid = valid[sel]
+    cols = used_columns(valid)
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        t = t.index_select(0, sel)
+        return t if cols is None else t.index_select(2, cols)
+    return sel, (valid if cols is None else valid[:, cols]), take

@@ -34,18 +34,9 @@ def fit_tree(tree: TreeShape | str | None, proposer: Proposer) -> TreeShape:
     if tree is None:
         tree = DynamicShape(top_k=4, depth=5, total_tokens=16) if drafts_per_token(proposer) \
             else chain(proposer.max_depth)
-    vocab = proposer.draft_vocab_size
-    if isinstance(tree, StaticShape):
-        tree = tree.within_vocab(vocab)
-    elif tree.top_k > vocab:
-        tree = tree.with_(top_k=vocab)
+    tree = tree.within_vocab(proposer.draft_vocab_size)
     cap = proposer.max_depth
-    if cap is not None:
-        if isinstance(tree, StaticShape) and tree.depth > cap:
-            tree = tree.truncated(cap)
-        if isinstance(tree, DynamicShape) and tree.depth > cap:
-            tree = tree.with_(depth=cap)
-    return tree
+    return tree.truncated(cap) if cap is not None and tree.depth > cap else tree
 
 
 def drafts_per_token(proposer: Proposer) -> bool:
@@ -90,8 +81,7 @@ class TreePolicy:
             return tree
         key = (room, id(tree))
         if key not in self._shapes:
-            self._shapes[key] = tree.truncated(room) if isinstance(tree, StaticShape) else \
-                tree.with_(depth=max(room, 1))
+            self._shapes[key] = tree.truncated(room)  # a dynamic tree keeps depth 1
         return self._shapes[key]
 
     def samples_chain(self, params: SamplingParams, shape: TreeShape) -> bool:

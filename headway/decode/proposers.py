@@ -23,16 +23,17 @@ would alone. A batch of one has no pads or gaps (``dense``): a chain's one-query
 from __future__ import annotations
 
 import copy
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 
 from ..heads import DFlashDrafter, Eagle1Drafter, Eagle3Drafter, HeadsBase, MedusaHeads, PEagleDrafter
+from ..heads.base import DraftVocab
 from ..heads.dflash import ContextKV, extend_context, survival
 from ..heads.layers import DraftCache
 from ..heads.metadata import calibration_temperatures
-from .padding import (additive, after_prefix, catch_up_visible, first_slots, pad_rows, prefill_mask, used_columns,
+from .padding import (additive, after_prefix, catch_up_visible, first_slots, keep_rows, pad_rows, prefill_mask,
                       with_mask_queries)
 
 
@@ -105,21 +106,76 @@ def hidden_index(layer: int, num_layers: int) -> int:
     return num_layers if layer == -1 else layer
 
 
-def _index(keep: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(list(keep), dtype=torch.long, device=like.device)
+class _Drafts:
+    """What every kind below shares: the ``Proposer`` attributes read off its heads, the rows' cache
+    layout (``valid`` (B, S) real slots, ``base`` (B,) each row's next root position), the draft ->
+    target id map, and a block's answers: a kind that drafts every depth in one call keeps ``logp``
+    (B, K, Vd), depth d's distribution whatever the parent token (Medusa, P-EAGLE, DFlash). Its
+    tensors are replaced, never written in place (a fork copies only what a kind appends to)."""
+
+    def __init__(self, heads: HeadsBase, max_depth: int | None, temperatures: Sequence[float] | None) -> None:
+        self.heads = heads
+        self.max_depth = max_depth
+        self.temperatures = temperatures
+        self.draft_vocab_size = heads.draft_vocab_size
+        self.feature_layers = list(heads.feature_layers)
+        self.valid = torch.zeros(0, 0, dtype=torch.bool)
+        self.base = torch.zeros(0, dtype=torch.long)
+        self.dense = True  # no pad or gap slot (a batch of one): a lone query or a block needs no mask
+        self.logp: torch.Tensor | None = None  # (B, K, Vd) a block's depths 1..K after each row's root
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self.logp[:, 0]
+
+    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
+        return self.logp[:, depth, None].expand(-1, tokens.shape[1], -1)  # a block ignores the parent token
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return DraftVocab.to_target_ids(self.heads, draft_ids)  # the draft vocabulary's map, in any mode
+
+    def end_tree(self) -> None:
+        pass
+
+    def _select(self, keep: Sequence[int]) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        """Keep rows ``keep`` of ``valid`` and ``base`` (``padding.keep_rows``: the target cache's rule).
+        Returns the row index and what selects the same rows and slots of a cache tensor."""
+        sel, self.valid, take = keep_rows(self.valid, keep)
+        self.base = self.base[sel]
+        return sel, take
+
+    def _accepted(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
+                  starts: Sequence[int]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, torch.Tensor,
+                                                  torch.Tensor]:
+        """What ``accept`` appends: row b's m_b + 1 entries (x_{t+1}, f_t), t = start_b .. start_b + m_b,
+        padded to the longest row -> tokens (B, M) the path after the root (bonus included), features
+        per layer (B, M, H) at the path (root first), start (B,), counts (B,) the real entries, and
+        their slots (B, M) (the pad slots are gaps, as in the target's cache). ``base`` moves past them."""
+        dev = self.valid.device
+        counts = [p.numel() - 1 for p in paths]
+        start = torch.tensor(list(starts), dtype=torch.long, device=dev)
+        c = torch.tensor(counts, dtype=torch.long, device=dev)
+        self.base = start + c
+        return (pad_rows([p[1:] for p in paths]), [pad_rows(layer) for layer in zip(*features)], start, c,
+                first_slots(counts, dev))
 
 
-class MedusaProposer:
+def _next_tokens(tokens: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """Prompts (B, n) and the target's first tokens (B,) -> x_{t+1} at slot t (left padding: pad slots
+    hold junk, invalid)."""
+    return torch.cat([tokens[:, 1:], first.view(-1, 1)], dim=1)
+
+
+def _at(out: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """out (B, T, H), cols (B,) -> (B, H): row b's output at column cols[b]."""
+    return out[torch.arange(out.shape[0], device=out.device), cols]
+
+
+class MedusaProposer(_Drafts):
     """Head k's distribution is depth k + 1's for every parent: one heads call on the rows' last
     final states, when they arrive, drafts every tree."""
 
     def __init__(self, heads: MedusaHeads, temperatures: Sequence[float] | None = None) -> None:
-        self.heads = heads
-        self.temperatures = temperatures
-        self.max_depth = heads.config.num_heads
-        self.draft_vocab_size = heads.draft_vocab_size
-        self.feature_layers = [-1]
-        self.logp: torch.Tensor | None = None  # (B, K, Vd)
+        super().__init__(heads, heads.config.num_heads, temperatures)
 
     def _set(self, final_hidden: torch.Tensor) -> None:
         """final_hidden (B, H) -> per row, per head log-probs (B, K, Vd)."""
@@ -134,38 +190,14 @@ class MedusaProposer:
                starts: Sequence[int]) -> None:
         self._set(torch.stack([f[0][-1] for f in features]))
 
-    def root_logprobs(self) -> torch.Tensor:
-        return self.logp[:, 0]
-
-    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
-        return self.logp[:, depth, None].expand(-1, tokens.shape[1], -1)  # head k ignores the parent token
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.heads.to_target_ids(draft_ids)
-
-    def end_tree(self) -> None:
-        pass
-
     def select(self, keep: Sequence[int]) -> None:
-        self.logp = self.logp[_index(keep, self.logp)]
+        self.logp = self.logp[torch.tensor(list(keep), dtype=torch.long, device=self.logp.device)]
 
     def fork(self) -> MedusaProposer:
         return copy.copy(self)  # logp is replaced, never written in place
 
 
-def _keep_rows(caches: Sequence[DraftCache], valid: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
-    """Keep rows ``sel`` of drafter caches (B, kv_heads, S, head_dim) and their ``valid`` (B, S), then drop
-    the slot columns only dropped rows used (the target cache's rule). Returns the new ``valid``."""
-    valid = valid[sel]
-    cols = used_columns(valid)
-    for c in caches:
-        c.keys, c.values = c.keys.index_select(0, sel), c.values.index_select(0, sel)
-        if cols is not None:
-            c.keys, c.values = c.keys.index_select(2, cols), c.values.index_select(2, cols)
-    return valid if cols is None else valid[:, cols]
-
-
-class EagleProposer:
+class EagleProposer(_Drafts):
     """EAGLE-1 / EAGLE-3: the drafter runs autoregressively over the tree with its own KV cache.
 
     Entry t of a row holds (x_{t+1}, f_t), whatever its physical slot: the cache (B, kv_heads, S,
@@ -176,54 +208,37 @@ class EagleProposer:
 
     def __init__(self, drafter: Eagle1Drafter | Eagle3Drafter, max_depth: int | None = None,
                  temperatures: Sequence[float] | None = None) -> None:
-        self.drafter = drafter
-        self.max_depth = max_depth
-        self.temperatures = temperatures
-        self.draft_vocab_size = drafter.draft_vocab_size
-        self.feature_layers = list(drafter.feature_layers)
+        super().__init__(drafter, max_depth, temperatures)
         self.cache = DraftCache()
-        self.valid = torch.zeros(0, 0, dtype=torch.bool)
-        self.base = torch.zeros(0, dtype=torch.long)
-        self.dense = True  # no pad or gap slot (a batch of one): a lone query below a chain needs no mask
 
     def _run(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor | None
              ) -> torch.Tensor:
         """One drafter forward of (B, T) tokens appended to the cache; visible (B, T, S + T), or None:
         every query sees every slot (one query per row, no pad or gap)."""
-        d = self.drafter
+        d = self.heads
         mask = None if visible is None else additive(visible, d.fc.weight.dtype)
         return d(tokens, hidden, pos, mask, self.cache)  # (B, T, H)
 
     def _roots(self, out: torch.Tensor, last: torch.Tensor) -> None:
         """The output at each row's last real new slot feeds that row's depth-1 drafts."""
-        self.root_out = out[torch.arange(out.shape[0], device=out.device), last][:, None]  # (B, 1, H)
-        self.root_lp = F.log_softmax(self.drafter.draft_logits(self.root_out)[:, 0].float(), dim=-1)  # (B, Vd)
+        self.root_out = _at(out, last)[:, None]  # (B, 1, H)
+        self.root_lp = F.log_softmax(self.heads.draft_logits(self.root_out)[:, 0].float(), dim=-1)  # (B, Vd)
 
     def prefill(self, tokens: torch.Tensor, valid: torch.Tensor, position_ids: torch.Tensor,
                 features: list[torch.Tensor], first: torch.Tensor) -> None:
         self.cache, self.dense = DraftCache(), tokens.shape[0] == 1
-        x = torch.cat([tokens[:, 1:], first.view(-1, 1)], dim=1)  # x_{t+1} at slot t; pad slots: junk, invalid
-        out = self._run(x, self.drafter.fuse(features), position_ids, prefill_mask(valid))
+        out = self._run(_next_tokens(tokens, first), self.heads.fuse(features), position_ids, prefill_mask(valid))
         self.valid, self.base = valid.clone(), valid.sum(1)  # its own: the target's mask changes apart
         self._roots(out, torch.full_like(self.base, tokens.shape[1] - 1))
 
     def accept(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
                starts: Sequence[int]) -> None:
-        """Row b appends m_b + 1 entries (x_{t+1}, f_t), t = start_b .. start_b + m_b, padded to the
-        longest row; the pad slots are invalid (gaps), as in the target's cache."""
-        dev = self.valid.device
-        counts = [p.numel() - 1 for p in paths]  # the path without the root, bonus included
-        tokens = pad_rows([p[1:] for p in paths])  # (B, M)
-        feats = [pad_rows(layer) for layer in zip(*features)]  # per layer (B, M, H)
+        tokens, feats, start, c, new_valid = self._accepted(paths, features, starts)
         M = tokens.shape[1]
-        start = torch.tensor(list(starts), dtype=torch.long, device=dev)
-        pos = start[:, None] + torch.arange(M, device=dev)[None]  # pad slots: harmless positions, never seen
-        new_valid = first_slots(counts, dev)
+        pos = start[:, None] + torch.arange(M, device=start.device)[None]  # pad slots: harmless positions, never seen
         seen = None if self.dense and M == 1 else catch_up_visible(self.valid, new_valid)
-        out = self._run(tokens, self.drafter.fuse(feats), pos, seen)
+        out = self._run(tokens, self.heads.fuse(feats), pos, seen)
         self.valid = torch.cat([self.valid, new_valid], dim=1)
-        c = torch.tensor(counts, dtype=torch.long, device=dev)
-        self.base = start + c
         self._roots(out, c - 1)
 
     def root_logprobs(self) -> torch.Tensor:
@@ -248,17 +263,14 @@ class EagleProposer:
         pos = (self.base + depth - 1)[:, None].expand(B, n)
         out = self._run(tokens, self.prev_out[rows, parent_rows], pos, seen)
         self.prev_vis, self.prev_out = tree_vis, out  # the next level's ancestors include these slots
-        return F.log_softmax(self.drafter.draft_logits(out).float(), dim=-1)  # (B, n, Vd)
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.drafter.draft_to_target_ids(draft_ids)
+        return F.log_softmax(self.heads.draft_logits(out).float(), dim=-1)  # (B, n, Vd)
 
     def end_tree(self) -> None:
         self.cache.crop(self.valid.shape[1])
 
     def select(self, keep: Sequence[int]) -> None:
-        sel = _index(keep, self.valid)
-        self.valid, self.base = _keep_rows([self.cache], self.valid, sel), self.base[sel]
+        sel, take = self._select(keep)
+        self.cache.keys, self.cache.values = take(self.cache.keys), take(self.cache.values)
         self.root_out, self.root_lp = self.root_out[sel], self.root_lp[sel]
 
     def fork(self) -> EagleProposer:
@@ -267,7 +279,7 @@ class EagleProposer:
         return twin
 
 
-class PEagleProposer:
+class PEagleProposer(_Drafts):
     """P-EAGLE: an EAGLE-3 drafter that drafts all K depths of a chain in one call (docs/peagle.md).
 
     Its cache holds EAGLE's entries (x_{t+1}, f_t at position t) with ``valid`` and ``base`` as the EAGLE
@@ -280,72 +292,44 @@ class PEagleProposer:
 
     def __init__(self, drafter: PEagleDrafter, max_depth: int | None = None,
                  temperatures: Sequence[float] | None = None) -> None:
-        self.drafter = drafter
         K = drafter.num_depths
-        self.max_depth = K if max_depth is None else min(K, max_depth)
-        self.temperatures = temperatures
-        self.draft_vocab_size = drafter.draft_vocab_size
-        self.feature_layers = list(drafter.feature_layers)
+        super().__init__(drafter, K if max_depth is None else min(K, max_depth), temperatures)
         self.cache = drafter.new_cache()
-        self.valid = torch.zeros(0, 0, dtype=torch.bool)
-        self.base = torch.zeros(0, dtype=torch.long)  # (B,) each row's next root position
-        self.logp: torch.Tensor | None = None  # (B, K, Vd) depths 1..K after each row's root
 
     def _draft(self, tokens: torch.Tensor, features: list[torch.Tensor], pos: torch.Tensor,
                visible: torch.Tensor, new_valid: torch.Tensor, last: torch.Tensor) -> None:
         """One call: M new real entries per row (tokens, pos (B, M); the column ``last`` (B,) holds each
         row's last real one, at position base - 1; ``visible`` (B, M, S + M) among the real queries), then
         the K - 1 mask slots."""
-        d = self.drafter
+        d = self.heads
         S, M = len(self.cache), tokens.shape[1]
         ids, hid, pos = d.with_mask_slots(tokens, d.fuse(features), pos)  # the last column is base - 1 in every row
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         seen = with_mask_queries(visible, self.valid, d.num_depths - 1)
         out = d(ids, hid, pos, additive(seen, d.fc.weight.dtype), self.cache)  # (B, M + K - 1, H)
         self.cache.crop(S + M)  # the mask slots' keys: placeholders, never context
-        rows = torch.arange(out.shape[0], device=out.device)
-        h = torch.cat([out[rows, last][:, None], out[:, M:]], dim=1)  # (B, K, H): depth 1 first
+        h = torch.cat([_at(out, last)[:, None], out[:, M:]], dim=1)  # (B, K, H): depth 1 first
         self.logp = F.log_softmax(d.logits(h).float(), dim=-1)
 
     def prefill(self, tokens: torch.Tensor, valid: torch.Tensor, position_ids: torch.Tensor,
                 features: list[torch.Tensor], first: torch.Tensor) -> None:
-        self.cache, self.valid = self.drafter.new_cache(), valid[:, :0]
-        x = torch.cat([tokens[:, 1:], first.view(-1, 1)], dim=1)  # x_{t+1} at slot t (left padding: pads first)
-        self._draft(x, features, position_ids, prefill_mask(valid), valid.clone(),
+        self.cache, self.valid = self.heads.new_cache(), valid[:, :0]
+        self._draft(_next_tokens(tokens, first), features, position_ids, prefill_mask(valid), valid.clone(),
                     torch.full((tokens.shape[0],), tokens.shape[1] - 1, dtype=torch.long, device=tokens.device))
         self.base = valid.sum(1)
 
     def accept(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
                starts: Sequence[int]) -> None:
-        """Row b appends m_b + 1 entries (x_{t+1}, f_t), t = start_b .. start_b + m_b, padded to the longest
-        (pad slots invalid, at the row's last position so the mask slots follow it in every row)."""
-        dev = self.valid.device
-        counts = [p.numel() - 1 for p in paths]  # the path without the root, bonus included
-        tokens = pad_rows([p[1:] for p in paths])  # (B, M)
-        feats = [pad_rows(layer) for layer in zip(*features)]  # per layer (B, M, H)
-        c = torch.tensor(counts, dtype=torch.long, device=dev)
-        start = torch.tensor(list(starts), dtype=torch.long, device=dev)
-        pos = start[:, None] + torch.minimum(torch.arange(tokens.shape[1], device=dev)[None], c[:, None] - 1)
-        new_valid = first_slots(counts, dev)
+        """As EAGLE's, the pad slots at the row's last position so the mask slots follow it in every row."""
+        tokens, feats, start, c, new_valid = self._accepted(paths, features, starts)
+        pos = start[:, None] + torch.minimum(torch.arange(tokens.shape[1], device=c.device)[None], c[:, None] - 1)
         self._draft(tokens, feats, pos, catch_up_visible(self.valid, new_valid), new_valid, c - 1)
-        self.base = start + c
-
-    def root_logprobs(self) -> torch.Tensor:
-        return self.logp[:, 0]
-
-    def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
-        return self.logp[:, depth, None].expand(-1, tokens.shape[1], -1)  # no slot reads a drafted token
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.drafter.draft_to_target_ids(draft_ids)
-
-    def end_tree(self) -> None:
-        pass  # the mask slots left the cache when they were drafted
 
     def select(self, keep: Sequence[int]) -> None:
-        sel = _index(keep, self.valid)
-        self.valid = _keep_rows(self.cache.layers, self.valid, sel)
-        self.base, self.logp = self.base[sel], self.logp[sel]
+        sel, take = self._select(keep)
+        for c in self.cache.layers:
+            c.keys, c.values = take(c.keys), take(c.values)
+        self.logp = self.logp[sel]
 
     def fork(self) -> PEagleProposer:
         twin = copy.copy(self)  # logp is replaced each call, never written in place
@@ -354,7 +338,7 @@ class PEagleProposer:
         return twin
 
 
-class DFlashProposer:
+class DFlashProposer(_Drafts):
     """A DFlash block drafter: one drafter call per step drafts every depth at once.
 
     The drafter keeps the keys and values of the fused target features at every position the target
@@ -368,23 +352,15 @@ class DFlashProposer:
     the step chooses how many drafts to verify (``step.draft``)."""
 
     def __init__(self, drafter: DFlashDrafter, temperatures: Sequence[float] | None = None) -> None:
-        self.drafter = drafter
-        self.temperatures = temperatures
-        self.max_depth = drafter.block_size - 1
-        self.draft_vocab_size = drafter.draft_vocab_size
-        self.feature_layers = list(drafter.feature_layers)
+        super().__init__(drafter, drafter.block_size - 1, temperatures)
         self.context: ContextKV | None = None
-        self.valid = torch.zeros(0, 0, dtype=torch.bool)
-        self.base = torch.zeros(0, dtype=torch.long)  # (B,) each row's next root position
         self.roots = torch.zeros(0, dtype=torch.long)  # (B,) each row's next block anchor
-        self.dense = True  # no pad or gap slot (a batch of one): the block needs no mask
-        self.logp: torch.Tensor | None = None  # (B, bs - 1, Vd) (no correction)
         self.out: torch.Tensor | None = None  # (B, bs - 1, H) slot outputs (correction, DSpark)
         self.slot_logits: torch.Tensor | None = None  # (B, bs - 1, Vd) slot logits before the correction
         self.state: torch.Tensor | None = None  # (B, rows of the last call, r) correction states
 
     def _write(self, features: list[torch.Tensor], pos: torch.Tensor, new_valid: torch.Tensor) -> None:
-        d = self.drafter
+        d = self.heads
         self.context = extend_context(self.context, d.context_kv(d.fuse(features), pos))
         self.valid = torch.cat([self.valid, new_valid], dim=1)
 
@@ -397,17 +373,12 @@ class DFlashProposer:
     def accept(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
                starts: Sequence[int]) -> None:
         """Row b's path features (m_b + 1 positions from its root) join its context, padded to the longest."""
-        dev = self.valid.device
-        counts = [p.numel() - 1 for p in paths]  # positions whose features arrive: the path, root first
-        feats = [pad_rows(layer) for layer in zip(*features)]  # per layer (B, M, H)
-        start = torch.tensor(list(starts), dtype=torch.long, device=dev)
-        pos = start[:, None] + torch.arange(feats[0].shape[1], device=dev)[None]
-        self._write(feats, pos, first_slots(counts, dev))
-        self.base = start + torch.tensor(counts, dtype=torch.long, device=dev)
+        _, feats, start, _, new_valid = self._accepted(paths, features, starts)
+        self._write(feats, start[:, None] + torch.arange(feats[0].shape[1], device=start.device)[None], new_valid)
         self.roots = torch.stack([p[-1] for p in paths])
 
     def root_logprobs(self) -> torch.Tensor:
-        d = self.drafter
+        d = self.heads
         B, bs = self.roots.shape[0], d.block_size
         x = d.block_embeddings(self.roots[:, None])  # (B, bs, H)
         pos = self.base[:, None] + torch.arange(bs, device=x.device)  # (B, bs)
@@ -428,23 +399,23 @@ class DFlashProposer:
         bias of each parent -> (B, n, Vd)."""
         B, n = parents.shape
         h = self.out[:, slot, None].expand(B, n, -1)  # (B, n, H)
-        return F.log_softmax(self.drafter.logits(h, parents=parents).float(), dim=-1)
+        return F.log_softmax(self.heads.logits(h, parents=parents).float(), dim=-1)
 
     def chain_survival(self, tokens: torch.Tensor) -> torch.Tensor:
         """DSpark's confidence head along each row's chain: tokens (B, D + 1) target ids, the root then
         the drafts at depths 1..D -> (B, D), the chance that drafts 1..k are all accepted (``survival``)."""
         D = tokens.shape[1] - 1
-        return survival(self.drafter.confidence(self.out[:, :D], tokens[:, :D]))
+        return survival(self.heads.confidence(self.out[:, :D], tokens[:, :D]))
 
     @property
     def confident(self) -> bool:
         """The drafter estimates each slot's acceptance (a DSpark confidence head)."""
-        return self.drafter.has_confidence
+        return self.heads.has_confidence
 
     def _corrected(self, state: torch.Tensor | None, parents: torch.Tensor, slot: int) -> torch.Tensor:
         """Slot ``slot`` (0-based: depth slot + 1) after parents (B, n) target ids with states (B, n, r)
         -> (B, n, Vd)."""
-        d = self.drafter
+        d = self.heads
         B, n = parents.shape
         flat = d.correction_step(None if state is None else state.reshape(B * n, -1), parents.reshape(-1),
                                  self.out[:, slot, None].expand(B, n, -1).reshape(B * n, -1))
@@ -452,27 +423,17 @@ class DFlashProposer:
         return F.log_softmax((self.slot_logits[:, slot, None] + d.correction.out(self.state)).float(), dim=-1)
 
     def expand(self, parent_rows: torch.Tensor, tokens: torch.Tensor, depth: int) -> torch.Tensor:
-        if self.drafter.has_markov:
+        if self.heads.has_markov:
             return self._markov(tokens, depth)
-        if self.drafter.has_correction:
+        if self.heads.has_correction:
             rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
             return self._corrected(self.state[rows, parent_rows], tokens, depth)
-        return self.logp[:, depth, None].expand(-1, tokens.shape[1], -1)
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return self.drafter.draft_to_target_ids(draft_ids)
-
-    def end_tree(self) -> None:
-        pass
+        return super().expand(parent_rows, tokens, depth)
 
     def select(self, keep: Sequence[int]) -> None:
-        sel = _index(keep, self.valid)
-        self.valid, self.base, self.roots = self.valid[sel], self.base[sel], self.roots[sel]
-        self.context = [(k[sel], v[sel]) for k, v in self.context]
-        cols = used_columns(self.valid)  # slots only dropped rows used
-        if cols is not None:
-            self.valid = self.valid[:, cols]
-            self.context = [(k[:, :, cols], v[:, :, cols]) for k, v in self.context]
+        sel, take = self._select(keep)
+        self.roots = self.roots[sel]
+        self.context = [(take(k), take(v)) for k, v in self.context]
 
     def fork(self) -> DFlashProposer:
         twin = copy.copy(self)  # logp / out / slot_logits / state are replaced each tree, never written in place

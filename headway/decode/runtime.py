@@ -30,13 +30,6 @@ def heads_dtype_for(heads_dtype: str | torch.dtype | None, target_dtype: torch.d
     return resolve_dtype(heads_dtype)
 
 
-def compile_verify(target: nn.Module) -> Callable[..., Any]:
-    """The target's forward compiled for the tree-verify call (prefill stays eager: its length
-    varies). With a static cache every input has a fixed shape per tree size, so it compiles once
-    per tree shape; the model object itself is not changed."""
-    return torch.compile(target.forward, dynamic=False)
-
-
 def compile_heads(heads: nn.Module) -> None:
     """Compile the drafter step in place (the module's ``forward``; Medusa: one call per step,
     EAGLE: one call per tree level, whose length grows, hence ``dynamic=True``)."""
@@ -68,7 +61,9 @@ class Runtime:
         self.heads = heads.to(device=self.device, dtype=heads_dtype_for(heads_dtype, self.dtype)).eval()
         self.static_cache = bool(static_cache or compile)
         self.compiled = bool(compile)
-        self.verify_forward = compile_verify(target) if compile else target
+        # the tree-verify call compiled (prefill stays eager: its length varies); with a static cache every
+        # input has a fixed shape per tree size, so it compiles once per tree shape; the model is not changed
+        self.verify_forward: Callable[..., Any] = torch.compile(target.forward, dynamic=False) if compile else target
         if compile:
             compile_heads(self.heads)
         # a compiled forward chooses its own kernels, and swapping module forwards would break its guards
@@ -135,7 +130,7 @@ class Runtime:
         if not self.static_cache:
             return new_cache(self.target.config)
         if length is None:
-            raise DecodeError("a static cache is sized from max_new_tokens; pass it")
+            raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
         return new_cache(self.target.config, length)
 
     def features(self, out: Any, row: int, index: torch.Tensor | slice) -> list[torch.Tensor]:

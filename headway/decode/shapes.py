@@ -117,9 +117,7 @@ def is_top1_chain(shape: "TreeShape") -> bool:
 
 def chain(depth: int) -> StaticShape:
     """A single path of top-1 drafts, ``1 <= depth <= MAX_TREE_DEPTH``."""
-    if depth < 1:
-        raise TreeSpecError(f"chain-{depth}: a chain needs at least one draft (chain-N with N >= 1)")
-    check_tree_size(depth=depth, what=f"chain-{depth}")  # before building its N(N+1)/2 path entries
+    _check_family("chain", depth)  # before building its N(N+1)/2 path entries
     return StaticShape([(0,) * depth], name=f"chain-{depth}")  # the prefixes follow from the one path
 
 
@@ -136,10 +134,14 @@ def fork(depth: int) -> StaticShape:
     from the drafter's distribution q, as in a sampled chain, its sibling from q less that token,
     tried against the residual when the first is rejected. Each depth then accepts what a sampled
     chain's does and then some (SmolLM2, T=1: .38 -> ~.45 at depth 1), for N more verified tokens."""
-    if depth < 1:
-        raise TreeSpecError(f"fork-{depth}: a fork needs at least one draft (fork-N with N >= 1)")
-    check_tree_size(depth=depth, nodes=2 * depth + 1, what=f"fork-{depth}")
+    _check_family("fork", depth, nodes=2 * depth + 1)
     return StaticShape(_fork_paths(depth), name=f"fork-{depth}")
+
+
+def _check_family(family: str, depth: int, nodes: int | None = None) -> None:
+    if depth < 1:
+        raise TreeSpecError(f"{family}-{depth}: a {family} needs at least one draft ({family}-N with N >= 1)")
+    check_tree_size(depth=depth, nodes=nodes, what=f"{family}-{depth}")
 
 
 def _fork_paths(depth: int) -> list[tuple[int, ...]]:
@@ -216,6 +218,13 @@ class DynamicShape:
         """This shape with another top_k or depth (the rest, ``adaptive`` included, kept)."""
         return DynamicShape(top_k or self.top_k, depth or self.depth, self.total_tokens, self.name, self.adaptive)
 
+    def truncated(self, max_depth: int) -> "DynamicShape":
+        return self.with_(depth=max(max_depth, 1))
+
+    def within_vocab(self, vocab: int) -> "DynamicShape":
+        """Expand no more children per node than the draft vocabulary has."""
+        return self if self.top_k <= vocab else self.with_(top_k=vocab)
+
 
 TreeShape = StaticShape | DynamicShape
 
@@ -258,16 +267,12 @@ def parse_shape(spec: str) -> TreeShape:
     spec = spec.strip()
     shown = spec if len(spec) <= 80 else spec[:77] + "..."  # messages stay one readable line
     try:
-        if spec.startswith("chain"):
-            m = re.fullmatch(r"chain(?:-(-?\d+))?", spec)
-            if m is None:
-                raise ValueError("expected chain-N with a whole number N >= 1")
-            return chain(int(m.group(1) or 4))
-        if spec.startswith("fork"):
-            m = re.fullmatch(r"fork-(-?\d+)", spec)
-            if m is None:
-                raise ValueError("expected fork-N with a whole number N >= 1")
-            return fork(int(m.group(1)))
+        for family, build in (("chain", chain), ("fork", fork)):
+            if spec.startswith(family):
+                m = re.fullmatch(family + r"(?:-(-?\d+))?", spec)
+                if m is None or (family == "fork" and m.group(1) is None):  # a bare "chain" is chain-4
+                    raise ValueError(f"expected {family}-N with a whole number N >= 1")
+                return build(int(m.group(1) or 4))
         if spec == "mc_sim_7b_63":
             return mc_sim_7b_63()
         if spec.startswith("static:"):

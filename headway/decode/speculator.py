@@ -17,18 +17,19 @@ import torch
 from torch import nn
 
 from ..hardware import sync
-from ..heads import DFlashDrafter, HeadsBase, load_heads
+from ..heads import HeadsBase, load_heads
 from ..heads.metadata import adapter_dir
 from ..tokenizer import encode_prompt
 from .args import DecodeError, check_decode_args, check_prompt_list, row_named
-from .layouts import OneRow
+from .kv import OneRow
 from .policy import TreePolicy, batch_table, drafts_per_token, fit_tree, fitted_table
-from .proposers import Proposer, RowsProposer, hidden_index, make_proposer
+from .proposers import DFlashProposer, Proposer, RowsProposer, hidden_index, make_proposer
 from .runtime import Runtime
 from .sampling import SamplingParams
 from .shapes import TreeShape, chain
 from .stats import BatchOutput, GenerationOutput, GenerationStats
-from .step import Batch, RecordStats, Row, RowScored, StepHooks, choose, commit, draft, prefill, score, step, stopped
+from .step import (Batch, RecordStats, Row, RowScored, StepHooks, choose, commit, draft, leave, prefill, score, step,
+                   stopped)
 from .verify import Verdict
 
 __all__ = ["Speculator", "GenerationOutput", "GenerationStats", "BatchOutput"]
@@ -95,11 +96,12 @@ class Speculator:
         if sampling_tree is None and tree is None and drafts_per_token(proposer):
             sampling_tree = chain(4)
         fitted = fit_tree(tree, proposer)
+        confident = isinstance(proposer, DFlashProposer) and proposer.confident  # DSpark's confidence head
         self.policy = TreePolicy(fitted, fit_tree(sampling_tree, proposer) if sampling_tree is not None else fitted,
                                  self.runtime.max_positions, sampled_drafts, typical,
                                  fitted_table(by_batch, proposer), fitted_table(by_batch_sampling, proposer),
                                  batch_aware=batch_policy == "auto",
-                                 confidence_sizing=confidence_sizing and not compile and confident(heads))
+                                 confidence_sizing=confidence_sizing and not compile and confident)
         self.hooks: list[StepHooks] = []  # called after every step (``step.StepHooks``), after the stats
         self.adapter: str | None = None  # the PEFT adapter merged into the target by from_pretrained
         self.adapter_from_heads = False  # ... because the heads named it (the CLI says so)
@@ -111,17 +113,16 @@ class Speculator:
     def from_pretrained(cls, target: str | nn.Module, heads: str | Path | HeadsBase, tokenizer: Any = None,
                         tree: TreeShape | str | None = None, dtype: str | torch.dtype | None = "float32",
                         device: str | torch.device | None = None, adapter: str | None = None,
-                        max_depth: int | None = None, typical: tuple[float, float] | None = None,
-                        calibrate: bool = True, device_map: str | dict[str, Any] | None = None,
-                        attn_implementation: str | None = None, heads_dtype: str | torch.dtype | None = "auto",
-                        static_cache: bool = False, compile: bool = False,
-                        linear_kernel: str = "auto", sampling_tree: TreeShape | str | None = None,
-                        verify_logits: str = "auto", confidence_sizing: bool = True) -> "Speculator":
+                        device_map: str | dict[str, Any] | None = None, attn_implementation: str | None = None,
+                        **options: Any) -> "Speculator":
         """``adapter``: a PEFT adapter merged into a target given by name; by default the one the heads
         checkpoint names (Medusa-2 heads are trained on an adapted target, which is the one whose
         output they reproduce). A target given as a model object is used as it is. ``device_map``,
-        ``attn_implementation`` and ``dtype`` (``auto`` too) go to ``load_target``; the rest to the
-        constructor."""
+        ``attn_implementation`` and ``dtype`` (``auto`` too) go to ``load_target``; ``options`` are the
+        constructor's (``max_depth``, ``typical``, ``sampling_tree``, ``calibrate``, ``heads_dtype``,
+        ``static_cache``, ``compile``, ``linear_kernel``, ``verify_logits``, ``confidence_sizing``); the
+        tuned trees and batch tables stored with the heads fill in ``tree``, ``sampling_tree``,
+        ``by_batch`` and ``by_batch_sampling``."""
         from ..heads.base import resolve_checkpoint
         from ..target import load_target
 
@@ -143,13 +144,10 @@ class Speculator:
             heads.attach(target)
         stored = heads.metadata.get("decode") or {}
         if tree is None:  # the tuned trees: one for both, or T=0's and the one above
-            tree, sampling_tree = stored.get("tree"), sampling_tree or stored.get("sampling_tree")
-        spec = cls(target, tokenizer, heads, tree, max_depth, typical, sampling_tree=sampling_tree,
-                   calibrate=calibrate, heads_dtype=heads_dtype, static_cache=static_cache, compile=compile,
-                   linear_kernel=linear_kernel, verify_logits=verify_logits,
-                   by_batch=batch_table(stored.get("by_batch")),
-                   by_batch_sampling=batch_table(stored.get("by_batch_sampling")),
-                   confidence_sizing=confidence_sizing)
+            tree = stored.get("tree")
+            options["sampling_tree"] = options.get("sampling_tree") or stored.get("sampling_tree")
+        spec = cls(target, tokenizer, heads, tree, by_batch=batch_table(stored.get("by_batch")),
+                   by_batch_sampling=batch_table(stored.get("by_batch_sampling")), **options)
         spec.adapter, spec.adapter_from_heads = (str(adapter) if adapter else None), from_heads
         return spec
 
@@ -247,15 +245,17 @@ class Speculator:
         """Prefill the target and the proposer for one prompt; the first token comes from the target."""
         ids = input_ids.reshape(-1).tolist()
         row = Row(0, [], len(ids), params, gen, max_new_tokens or (1 << 30))
-        length = None
-        if self.runtime.static_cache:
-            if max_new_tokens is None:
-                raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
-            length = len(ids) + max_new_tokens + self.policy.largest_size()
-        return prefill(self.runtime, [ids], [row], self.new_proposer(), self._pad(), length,
-                       self._choose)
+        return self._prefill([ids], [row], max_new_tokens, self.new_proposer())
+
+    def _prefill(self, ids: list[list[int]], rows: list[Row], max_new_tokens: int | None, proposer: Proposer
+                 ) -> Batch:
+        """The prompts' prefill; one prompt's static cache holds it, ``max_new_tokens`` and the largest tree."""
+        length = None if max_new_tokens is None or len(ids) > 1 else \
+            len(ids[0]) + max_new_tokens + self.policy.largest_size()
+        return prefill(self.runtime, ids, rows, proposer, self._pad(), length, self._choose)
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
+        """A row's first token (tests replace it to start from a chosen one)."""
         return choose(logits, params, gen)
 
     def draft_and_score(self, state: Batch, params: SamplingParams | None = None,
@@ -289,49 +289,50 @@ class Speculator:
         """An iterator over the newly emitted token ids after every step (the first list comes from
         prefill). The arguments and the prompt's length are checked here, before it is returned
         (``check_decode_args``): a prompt that leaves no room for ``max_new_tokens`` is an error."""
-        input_ids = self.encode(prompt, chat)
-        check_decode_args(max_new_tokens, temperature, top_p, top_k, self.typical, input_ids.shape[1],
-                          self.max_positions)
-        params = SamplingParams(float(temperature), int(top_k), float(top_p))
-        return self._steps(input_ids, int(max_new_tokens), params, stop, seed, stats)
+        ids = self.encode(prompt, chat)[0].tolist()
+        check_decode_args(max_new_tokens, temperature, top_p, top_k, self.typical, len(ids), self.max_positions)
+        return self._stream(ids, new_row(0, ids, max_new_tokens, temperature, top_p, top_k, seed, stats), stop)
+
+    def _stream(self, ids: list[int], row: Row, stop: Sequence[str]) -> Iterator[list[int]]:
+        self._prepare()
+        run = self._run([ids], [row], self.new_proposer())
+        for i, new in enumerate(run):
+            yield new[0]
+            # stop strings are looked for after each step (not after prefill) while the row runs
+            if i and stop and not row.stats.stopped_by and cut_at_stop(self.tokenizer.decode(row.emitted), stop)[1]:
+                row.stats.stopped_by = "stop"
+                run.close()  # times the row
 
     @torch.inference_mode()
-    def _steps(self, input_ids: torch.Tensor, max_new_tokens: int, params: SamplingParams, stop: Sequence[str],
-               seed: int | None, stats: GenerationStats | None) -> Iterator[list[int]]:
-        gen = torch.Generator(device="cpu")
-        if seed is not None:
-            gen.manual_seed(seed)
+    def _run(self, ids: list[list[int]], rows: list[Row], proposer: Proposer) -> Iterator[list[list[int]]]:
+        """Prefill the prompts (one prompt's own ``generate``: ``new_proposer``; ``generate_batch``:
+        ``new_batch_proposer``), then decode steps until every row has stopped; yields the new tokens of
+        every row that entered (prefill's first tokens first). A row's times are set when it stops, or
+        when the caller closes the run. The kernels are swapped in around each forward's work only."""
         eos = self.runtime.eos_ids(self.tokenizer)
-        self._prepare()
         t_start = time.perf_counter()
         with self.kernels():
-            batch = self.start(input_ids, params, gen, max_new_tokens)
-        row = batch.rows[0]
-        if stats is not None:
-            row.stats = stats
-        row.stats.prompt_tokens = input_ids.shape[1]
-        row.stats.new_tokens = 1
+            batch = self._prefill(ids, rows, rows[0].max_new, proposer)
         sync(self.device)
-        row.stats.time_prefill = time.perf_counter() - t_start
-        yield row.emitted[:]
-        hooks: list[StepHooks] = [RecordStats(), *self.hooks]
-        done = stopped(row, eos)
-        while not done:
-            with self.kernels():  # the drafter's and the target's forwards (commit may run the drafter)
-                _, new, finished = step(self.runtime, self.policy, batch, eos, self._pad(), hooks)
-            done = bool(finished)
-            if stop and not done:
-                done = self._stop_strings(row.emitted, stop, row.stats)[1]
-            yield new[0]
-        row.stats.time_total = time.perf_counter() - t_start
+        t_prefill = time.perf_counter() - t_start
+        for r in rows:
+            r.stats.time_prefill = t_prefill
 
-    def _stop_strings(self, emitted: list[int], stop: Sequence[str], stats: GenerationStats) -> tuple[str, bool]:
-        text = self.tokenizer.decode(emitted)
-        hits = [text.find(s) for s in stop if s in text]
-        if not hits:
-            return text, False
-        stats.stopped_by = "stop"
-        return text[: min(hits)], True
+        def finish(finished: Sequence[Row]) -> None:
+            for r in finished:
+                r.stats.time_total = time.perf_counter() - t_start
+
+        try:
+            finish(leave(batch, [stopped(r, eos) for r in batch.rows]))  # a first token may end a row
+            yield [r.emitted[:] for r in rows]
+            hooks: list[StepHooks] = [RecordStats(), *self.hooks]
+            while batch.rows:
+                with self.kernels():  # the drafter's and the target's forwards (commit may run the drafter)
+                    _, new, finished = step(self.runtime, self.policy, batch, eos, self._pad(), hooks)
+                finish(finished)
+                yield new
+        finally:
+            finish(batch.rows)  # closed early (a stop string): the rows still running
 
     def generate(self, prompt: Any, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, stop: Sequence[str] = (), seed: int | None = None, stream: bool = False,
@@ -341,15 +342,8 @@ class Speculator:
         steps = self.stream(prompt, max_new_tokens, temperature, top_p, top_k, stop, seed, chat, stats)
         if stream:
             return self.text_stream(steps, stop)
-        ids: list[int] = []
-        for new in steps:
-            ids += new
-        ids = ids[: stats.new_tokens]
-        text = self.tokenizer.decode(ids)
-        if stop:
-            cut = [text.find(s) for s in stop if s in text]
-            text = text[: min(cut)] if cut else text
-        return GenerationOutput(ids, text, stats)
+        ids = [t for new in steps for t in new][: stats.new_tokens]
+        return GenerationOutput(ids, cut_at_stop(self.tokenizer.decode(ids), stop)[0], stats)
 
     def generate_batch(self, prompts: Sequence[Any], max_new_tokens: int | Sequence[int] = 128,
                        temperature: float | Sequence[float] = 0.0, top_p: float | Sequence[float] = 1.0,
@@ -377,53 +371,15 @@ class Speculator:
         ids, rows = [], []
         for i, prompt in enumerate(prompts):
             with row_named(i):
-                row_ids = self.encode(prompt, chat)[0].tolist()
-                check_decode_args(max_new[i], temps[i], tops_p[i], tops_k[i], self.typical, len(row_ids),
+                ids.append(self.encode(prompt, chat)[0].tolist())
+                check_decode_args(max_new[i], temps[i], tops_p[i], tops_k[i], self.typical, len(ids[i]),
                                   self.max_positions)
-            ids.append(row_ids)
-            gen = torch.Generator(device="cpu")
-            if seeds[i] is not None:
-                gen.manual_seed(int(seeds[i]))
-            rows.append(Row(i, [], len(row_ids), SamplingParams(float(temps[i]), int(tops_k[i]), float(tops_p[i])),
-                            gen, int(max_new[i]), GenerationStats(prompt_tokens=len(row_ids))))
+            rows.append(new_row(i, ids[i], max_new[i], temps[i], tops_p[i], tops_k[i], seeds[i]))
         self._prepare()
-        with self.kernels():
-            return self._batch(ids, rows)
-
-    @torch.inference_mode()
-    def _batch(self, ids: list[list[int]], rows: list[Row]) -> BatchOutput:
-        eos = self.runtime.eos_ids(self.tokenizer)
         t_start = time.perf_counter()
-        length = None
-        if self.runtime.static_cache and len(ids) == 1:
-            length = len(ids[0]) + rows[0].max_new + self.policy.largest_size()
-        batch = prefill(self.runtime, ids, rows, self.new_batch_proposer(len(ids)), self._pad(), length)
-        sync(self.device)
-        t_prefill = time.perf_counter() - t_start
-        done: dict[int, Row] = {}
-        forwards = 0
-
-        def finish(finished: list[Row]) -> None:
-            now = time.perf_counter() - t_start
-            for r in finished:
-                r.stats.time_prefill, r.stats.time_total = t_prefill, now
-                done[r.index] = r
-
-        first_done = [i for i, r in enumerate(batch.rows) if stopped(r, eos)]
-        if first_done:
-            finish([batch.rows[i] for i in first_done])
-            keep = [i for i in range(len(batch.rows)) if i not in first_done]
-            if keep:
-                batch.kv.select(keep)
-                batch.proposer.select(keep)
-            batch.rows = [batch.rows[i] for i in keep]
-        hooks: list[StepHooks] = [RecordStats(), *self.hooks]
-        while batch.rows:
-            _, _, finished = step(self.runtime, self.policy, batch, eos, self._pad(), hooks)
-            forwards += 1
-            finish(finished)
-        out = [GenerationOutput(done[i].emitted, self.tokenizer.decode(done[i].emitted), done[i].stats)
-               for i in range(len(ids))]
+        steps = self._run(ids, rows, self.new_batch_proposer(B))
+        forwards = sum(1 for _ in steps) - 1  # a yield per step, after prefill's
+        out = [GenerationOutput(r.emitted, self.tokenizer.decode(r.emitted), r.stats) for r in rows]
         return BatchOutput(out, forwards, time.perf_counter() - t_start)
 
     def text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
@@ -431,10 +387,7 @@ class Speculator:
         shown = 0
         for new in steps:
             ids += new
-            text = self.tokenizer.decode(ids)
-            cut = [text.find(s) for s in stop if s in text]
-            if cut:
-                text = text[: min(cut)]
+            text, cut = cut_at_stop(self.tokenizer.decode(ids), stop)
             if len(text) > shown and not text.endswith("\ufffd"):
                 yield text[shown:]
                 shown = len(text)
@@ -442,9 +395,22 @@ class Speculator:
                 return
 
 
-def confident(heads: HeadsBase) -> bool:
-    """The heads estimate each draft's chance of acceptance (DSpark's confidence head)."""
-    return isinstance(heads, DFlashDrafter) and heads.has_confidence
+def new_row(index: int, ids: list[int], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+            seed: int | None, stats: GenerationStats | None = None) -> Row:
+    """A prompt's decode state before prefill, with its own generator (seeded when ``seed`` is given)."""
+    gen = torch.Generator(device="cpu")
+    if seed is not None:
+        gen.manual_seed(int(seed))
+    stats = stats if stats is not None else GenerationStats()
+    stats.prompt_tokens = len(ids)
+    return Row(index, [], len(ids), SamplingParams(float(temperature), int(top_k), float(top_p)), gen,
+               int(max_new_tokens), stats)
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first of the ``stop`` strings in it, and whether one was."""
+    hits = [text.find(s) for s in stop if s in text]
+    return (text[: min(hits)], True) if hits else (text, False)
 
 
 def _adapter_of(heads: Path | HeadsBase) -> str | None:

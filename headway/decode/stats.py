@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .verify import Verdict
-
 
 @dataclass
 class GenerationStats:
@@ -43,6 +41,12 @@ class GenerationStats:
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "tau": self.tau, "tokens_per_s": self.tokens_per_s}
 
+    def record_accepted(self, accepted: int) -> None:
+        """A step accepted drafts at depths 1..``accepted``."""
+        self.accepted_per_depth += [0] * (accepted - len(self.accepted_per_depth))
+        for d in range(accepted):
+            self.accepted_per_depth[d] += 1
+
 
 @dataclass
 class GenerationOutput:
@@ -67,11 +71,3 @@ class BatchOutput:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.time_total if self.time_total else 0.0
 
-
-
-def _record_depths(stats: GenerationStats, verdict: Verdict) -> None:
-    m = verdict.accepted
-    while len(stats.accepted_per_depth) < m:
-        stats.accepted_per_depth.append(0)
-    for d in range(m):
-        stats.accepted_per_depth[d] += 1

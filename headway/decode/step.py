@@ -14,7 +14,7 @@ When the policy says speculation does not pay at this batch size, ``plain`` runs
 forward over each row's last token, as plain decoding does (no tree, no mask beyond the padding);
 the proposer catches up on those tokens when drafting resumes.
 
-``generate`` is a batch of one (``layouts.OneRow``); ``generate_batch`` pads (``layouts.PaddedRows``).
+``generate`` is a batch of one (``kv.OneRow``); ``generate_batch`` pads (``kv.PaddedRows``).
 Randomness is an argument (each row's ``torch.Generator``), so tests can replay and bias it; timing
 and statistics go to hooks (``StepHooks``), not into the step.
 """
@@ -29,8 +29,7 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 
 from ..hardware import sync
-from .kv import in_place
-from .layouts import OneRow, PaddedRows
+from .kv import OneRow, PaddedRows, in_place
 from .node_logits import PREFETCH_ROWS, NodeLogits, NodeProbs
 from .policy import TreePolicy
 from .proposers import DFlashProposer, Proposer
@@ -38,7 +37,7 @@ from .runtime import Runtime
 from .sampling import (SamplingParams, draw_children, draw_draft, processed_probs, sample_from, verify_sample,
                        verify_sampled_chain, verify_typical)
 from .shapes import DynamicShape, TreeShape, is_chain
-from .stats import GenerationStats, _record_depths
+from .stats import GenerationStats
 from .trees import DraftTree, build_trees, sampled_chains, sized_chain
 from .verify import Verdict, stack_trees, verify_greedy, verify_greedy_walk
 
@@ -227,11 +226,7 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
         extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
                      layers=sorted(set(rt.layers) | {last}))
     tokens, pos, mask = batch.kv.tree_inputs(trees, lengths, pad, rt.dtype)
-    sync(rt.device)
-    t = time.perf_counter()
-    out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask, **extra)
-    sync(rt.device)
-    seconds = time.perf_counter() - t
+    out, seconds = timed_forward(rt, batch, tokens, pos, mask, **extra)
     node_logits, features = [], []
     for b, tree in enumerate(trees):
         n = tree.tokens.numel()
@@ -239,6 +234,17 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
                            else NodeLogits(tree.buffers, full=out.logits[b, :n]))
         features.append(rt.features(out, b, slice(0, n)))
     return Scored(drafts, node_logits, features, seconds, tokens, None if lazy else out.logits)
+
+
+def timed_forward(rt: Runtime, batch: Batch, tokens: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                  **extra: Any) -> tuple[Any, float]:
+    """The step's target forward over ``tokens`` (B, n) at ``pos`` (B, n) into the batch's cache, and its
+    seconds (synced on both sides: a GPU's queued work is not counted)."""
+    sync(rt.device)
+    t = time.perf_counter()
+    out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask, **extra)
+    sync(rt.device)
+    return out, time.perf_counter() - t
 
 
 # -- accept -------------------------------------------------------------------------------------
@@ -316,32 +322,34 @@ def _advance(batch: Batch, emitted: Sequence[list[int]], eos: set[int]) -> tuple
     """Each row emits its tokens (each one's KV entry now in the cache: the row's length grows by as
     many), cut at EOS and ``max_new``; the rows that stopped leave the cache, the proposer and the
     batch. Returns (each row's new tokens, the rows that stopped)."""
-    news, finished, keep = [], [], []
-    for i, (r, new) in enumerate(zip(batch.rows, emitted)):
+    news, done = [], []
+    for r, new in zip(batch.rows, emitted):
         r.length += len(new)
         before = len(r.emitted)
         r.emitted += new
         del r.emitted[r.max_new:]
         r.stats.new_tokens = len(r.emitted)
-        done = stopped(r, eos, len(r.emitted) - before)
+        done.append(stopped(r, eos, len(r.emitted) - before))
         news.append(r.emitted[before:])
-        if done:
-            finished.append(r)
-        else:
-            keep.append(i)
-    if finished and keep:  # the last row leaving ends the generation: nothing to keep
+    return news, leave(batch, done)
+
+
+def leave(batch: Batch, done: Sequence[bool]) -> list[Row]:
+    """The rows marked ``done`` leave the cache, the proposer and the batch; returns them."""
+    keep = [i for i, d in enumerate(done) if not d]
+    if 0 < len(keep) < len(done):  # the last row leaving ends the generation: nothing to keep
         batch.kv.select(keep)
         batch.proposer.select(keep)
         if batch.skipped is not None:
             batch.skipped.select(keep)
+    finished = [r for r, d in zip(batch.rows, done) if d]
     batch.rows = [batch.rows[i] for i in keep]
-    return news, finished
+    return finished
 
 
 # -- a plain step -------------------------------------------------------------------------------
 FLUSH_EVERY = 64  # plain steps the proposer may lag behind: it is told (one call) after this many
-def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Tensor] = choose
-          ) -> tuple[list[list[int]], list[Row], float]:
+def plain(rt: Runtime, batch: Batch, eos: set[int]) -> tuple[list[list[int]], list[Row], float]:
     """A step without drafts (the policy's choice at this batch size): one target forward over each
     row's last token, which emits the target's own next token, as plain decoding does: no tree, no
     verification, the cache entry already in place. The proposer sees these tokens when drafting
@@ -350,17 +358,12 @@ def plain(rt: Runtime, batch: Batch, eos: set[int], pick: Callable[..., torch.Te
     rows = batch.rows
     roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     lengths = [r.length for r in rows]
-    tokens, pos, mask = batch.kv.plain_inputs(roots, lengths, rt.dtype)  # (B, 1), (B, 1), mask or None
-    sync(rt.device)
-    t = time.perf_counter()
-    out = rt.forward(tokens, batch.kv.cache, verify=True, position_ids=pos, attention_mask=mask)
-    sync(rt.device)
-    seconds = time.perf_counter() - t
+    out, seconds = timed_forward(rt, batch, *batch.kv.plain_inputs(roots, lengths, rt.dtype))  # (B, 1) tokens
     logits = out.logits[:, -1]  # (B, V)
     if all(r.params.greedy for r in rows):
         nxt = logits.argmax(-1)  # (B,)
     else:
-        nxt = torch.stack([pick(logits[b], r.params, r.gen) for b, r in enumerate(rows)])
+        nxt = torch.stack([choose(logits[b], r.params, r.gen) for b, r in enumerate(rows)])
     batch.kv.keep_plain()
     s = batch.skipped = batch.skipped or Skipped(lengths)
     s.tokens.append(roots)
@@ -418,7 +421,7 @@ class RecordStats:
                 nodes = scored.drafts.trees[b].buffers.size
                 s.tree_nodes += nodes
                 s.projected_rows += len(scored.node_logits[b].rows) if scored.node_logits[b].lazy else nodes
-                _record_depths(s, verdicts[b])
+                s.record_accepted(verdicts[b].accepted)
             s.time_draft += times["draft"]
             s.time_verify += times["verify"]
             s.time_bookkeeping += times["bookkeeping"]

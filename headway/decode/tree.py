@@ -62,15 +62,19 @@ def tree_attention_mask(parents: torch.Tensor, prefix_len: int, dtype: torch.dty
     """(1, 1, N, prefix_len + N) float additive mask: every node sees the whole prefix, itself and
     its ancestors (0), nothing else (dtype min). Float, not bool: eager attention reads a bool
     mask as values and silently gives wrong results."""
-    anc = ancestor_mask(parents)
-    return additive_mask(anc, prefix_len, dtype)
+    return tree_mask(ancestor_mask(parents), prefix_len, dtype)
 
 
-def additive_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
-    """Bool (N, N) visibility among new tokens -> float (1, 1, N, prefix_len + N), prefix visible."""
+def tree_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype, kv_len: int | None = None) -> torch.Tensor:
+    """Bool (N, N) visibility among the tree's nodes -> float additive (1, 1, N, kv_len): the prefix
+    visible, the tree as ``visible`` says, and (static cache) every slot past the tree hidden.
+    ``kv_len`` defaults to prefix_len + N (a dynamic cache's length after the write)."""
     N = visible.shape[0]
-    out = torch.zeros(N, prefix_len + N, dtype=dtype, device=visible.device)
-    out[:, prefix_len:].masked_fill_(~visible, torch.finfo(dtype).min)
+    kv_len = prefix_len + N if kv_len is None else kv_len
+    low = torch.finfo(dtype).min
+    out = torch.full((N, kv_len), low, dtype=dtype, device=visible.device)  # (N, kv_len)
+    out[:, :prefix_len] = 0
+    out[:, prefix_len:prefix_len + N].masked_fill_(visible, 0)
     return out[None, None]
 
 

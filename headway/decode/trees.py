@@ -152,10 +152,14 @@ def to_target_proposals(proposer: Proposer, drawn: dict[int, torch.Tensor], targ
     """Draft-vocab proposals -> (target_vocab,) ones (zero outside the draft vocabulary)."""
     if not drawn:
         return {}
-    q = torch.stack(list(drawn.values()))  # (n, Vd)
-    out = q.new_zeros(q.shape[0], target_vocab)
-    out[:, proposer.to_target_ids(torch.arange(q.shape[1], device=q.device))] = q
-    return dict(zip(drawn, out))
+    return dict(zip(drawn, to_target_space(proposer, torch.stack(list(drawn.values())), target_vocab)))
+
+
+def to_target_space(proposer: Proposer, q: torch.Tensor, target_vocab: int) -> torch.Tensor:
+    """Draft-vocab distributions (..., Vd) -> (..., target_vocab), zero outside the draft vocabulary."""
+    out = q.new_zeros(*q.shape[:-1], target_vocab)
+    out[..., proposer.to_target_ids(torch.arange(q.shape[-1], device=q.device))] = q
+    return out
 
 
 # -- dynamic shapes: EAGLE-2 ----------------------------------------------------------------------
@@ -248,16 +252,15 @@ def sampled_chains(depth: int, proposer: Proposer, roots: torch.Tensor, samples:
     dev = roots.device
     B = roots.numel()
     logp = proposer.root_logprobs()  # (B, Vd)
-    vocab_ids = proposer.to_target_ids(torch.arange(logp.shape[-1], device=dev))
     draft = torch.full((B, depth + 1), -1, dtype=torch.long, device=dev)
-    q_all = torch.zeros(B, depth, target_vocab, device=dev)
+    q = torch.zeros(B, depth, logp.shape[-1], device=dev)  # (B, depth, Vd) what each draft was drawn from
     for d in range(1, depth + 1):
         for b in range(B):
-            q_all[b, d - 1, vocab_ids], draft[b, d] = samples[b](logp[b])
+            q[b, d - 1], draft[b, d] = samples[b](logp[b])
         if d < depth:
             logp = proposer.expand(torch.zeros(B, 1, dtype=torch.long, device=dev),
                                    proposer.to_target_ids(draft[:, d:d + 1]), d)[:, 0]
     tokens = proposer.to_target_ids(draft.clamp(min=0))
     tokens[:, 0] = roots
     buffers = chain_buffers(depth, dev)
-    return [DraftTree(tokens[b], buffers, draft[b]) for b in range(B)], q_all
+    return [DraftTree(tokens[b], buffers, draft[b]) for b in range(B)], to_target_space(proposer, q, target_vocab)
