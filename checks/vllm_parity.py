@@ -153,6 +153,18 @@ def code_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     return prompts
 
 
+def source_prompts(tokenizer, source: str, n: int) -> list[list[int]]:
+    """The first n prompts of a headway prompt source (`chat:dev`, a JSONL file, ...), tokenised as
+    `headway distill` and `headway bench` condition the target's answer (its chat template where it has one)."""
+    from headway.data.chat import load_chat_template
+    from headway.data.plans import prompt_ids
+    from headway.data.sources import read_samples
+
+    template = load_chat_template(tokenizer, None)
+    rows = [prompt_ids(s, tokenizer, template)[0] for s in read_samples(source, tokenizer=tokenizer, limit=n).samples]
+    return [r for r in rows if r]
+
+
 def train_heads(target_dir: Path, work: Path, kinds: list[str], steps: int, K: int, vocab: int) -> list[Path]:
     """Quick heads for this target: `headway distill` (greedy answers to 256 training snippets),
     then `headway train` for each kind. Resumable: finished parts are reused."""
@@ -438,7 +450,10 @@ def main() -> int:
     ap.add_argument("--venv", default=DEFAULT_VENV)
     ap.add_argument("--work", default=DEFAULT_WORK)
     ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=32, help="tokens of each code prompt (without --prompts)")
+    ap.add_argument("--prompts", default=None,
+                    help="a headway prompt source (chat:dev, a JSONL file, ...) instead of the held-out code prefixes: "
+                         "heads trained on chat answers accept too little on code for the negative control to show")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--k", type=int, default=3, help="draft length (num_speculative_tokens / chain depth)")
     ap.add_argument("--train-steps", type=int, default=150,
@@ -468,10 +483,11 @@ def main() -> int:
     python = ensure_venv(Path(args.venv).expanduser())
     target_dir = find_target(args.target)
     target, tok = load_target(str(target_dir), dtype="float32", device="cpu")
-    prompts = code_prompts(tok, args.num_prompts, args.prompt_len)
+    prompts = (source_prompts(tok, args.prompts, args.num_prompts) if args.prompts
+               else code_prompts(tok, args.num_prompts, args.prompt_len))
     K, N = args.k, args.max_new_tokens
     print(f"target {target_dir} ({target.config.num_hidden_layers} layers x {target.config.hidden_size}); "
-          f"{len(prompts)} prompts x {args.prompt_len} tokens, {N} new tokens, draft length {K}", flush=True)
+          f"{len(prompts)} prompts of {args.prompts or f'{args.prompt_len} code tokens'}, {N} new tokens, draft length {K}", flush=True)
 
     base = run_vllm(python, work, "baseline", target_dir, None, prompts, N, args.timeout)
     greedy = [p + ids for p, ids in zip(prompts, base["ids"])]

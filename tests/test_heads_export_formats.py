@@ -434,3 +434,24 @@ def test_interop_check_needs_equal_counts_for_trained_heads_unless_given_a_toler
         assert not interop.compare("h", hw, {**wrong, "ids": hw["ids"]}, hw, 3, exact, 0.0)["acceptance_ok"]
     assert interop.compare("h", hw, {**wrong, "ids": hw["ids"]}, hw, 3, False, 0.03)["acceptance_ok"]
     assert not interop.compare("h", hw, {**wrong, "ids": [[1, 3]]}, hw, 3, False, 0.03)["ids_equal"]
+
+
+def test_interop_check_reads_prompts_from_a_source_in_the_targets_chat_format(tmp_path):
+    """`--prompts`: chat prompts (where heads trained on chat answers accept enough for a negative control
+    to show) come through the target's chat template, as distill and bench condition its answer."""
+    import copy
+
+    from headway.testing import tiny_target
+
+    interop = _interop_script()
+    _, tok = tiny_target("llama")
+    tok = copy.deepcopy(tok)
+    tok.chat_template = ("{% for m in messages %}<|bos|>{{ m.role }}\n{{ m.content }}<|eos|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}")
+    src = tmp_path / "p.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "prompt": f"question number {i}"}) + "\n" for i in range(5)))
+    got = interop.source_prompts(tok, str(src), 3)
+    assert len(got) == 3
+    texts = [tok.decode(ids) for ids in got]
+    assert all(t.endswith("<|bos|>assistant\n") and f"user\nquestion number {i}<|eos|>" in t
+               for i, t in enumerate(texts))
