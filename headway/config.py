@@ -120,6 +120,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             if isinstance(value, bool):
                 return value
             raise ConfigError(f"'{key}' must be true or false, got {value!r}")
+        if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (an exponent without a dot) as text
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if tp in (int, float):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"'{key}' must be a number, got {value!r}")

@@ -291,3 +291,45 @@ def test_watch_runs_rounds_on_new_traffic_and_rolls_back(setup, tmp_path, capsys
     once = ["adapt", "--watch", str(logs), "--once", "--target", str(setup[0]), "--out", str(served),
             "traffic.min_new_prompts=8"]
     assert main(once) == 0 and "0 new unique prompts" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_killed_round_resumes_from_its_last_checkpoint(setup, tmp_path):
+    """`headway adapt` killed (SIGKILL, no chance to clean up) while it trains: the same command again
+    keeps the distilled answers, resumes training from the last checkpoint and finishes the round."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target, heads, prompts = setup
+    args = [sys.executable, "-m", "headway", "adapt", f"target={target}", f"heads={heads}", f"prompts={prompts}",
+            f"out={tmp_path / 'served'}", "distill.max_new_tokens=24", "distill.batch_size=16",
+            "train.max_steps=400", "train.save_every=5", "train.lr=1e-2", "train.eval_fraction=0.1",
+            "gate.max_new_tokens=24", "gate.heldout_fraction=0.2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    checkpoints = tmp_path / "served.adapt" / "rounds" / "round-0001" / "train" / "checkpoints"
+    log = (tmp_path / "first.log").open("w")
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while not (checkpoints.is_dir() and any(checkpoints.glob("checkpoint-*"))) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
+            time.sleep(0.2)
+        assert proc.poll() is None, "the round ended before it could be killed: " + (tmp_path / "first.log").read_text()[-2000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    state = latest_round(tmp_path / "served.adapt")
+    assert "train" not in state.steps and "distill" in state.steps
+    manifest = (state.folder / "distill" / "headway_distill.json").stat().st_mtime_ns
+
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming at step" in done.stdout
+    assert (state.folder / "distill" / "headway_distill.json").stat().st_mtime_ns == manifest  # not redone
+    assert read_metadata(state.folder / "train" / "final")["training"]["steps"] == 400
+    assert "decision" in latest_round(tmp_path / "served.adapt").steps

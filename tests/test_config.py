@@ -32,6 +32,19 @@ def test_yaml_and_overrides(tmp_path: Path):
     assert cfg.optim.betas == [0.9, 0.95]
 
 
+def test_an_exponent_without_a_dot_is_a_number_in_yaml_and_on_the_command_line(tmp_path: Path):
+    """YAML 1.1 (PyYAML) reads `1e-3` as a string: a float field takes it as the number it spells."""
+    p = tmp_path / "c.yaml"
+    p.write_text("optim:\n  lr: 1e-3\n")
+    assert load_config(Cfg, p).optim.lr == 1e-3
+    cfg = load_config(Cfg, None, ["optim.lr=2E-4", "--temps", "1e-1", "5e0"])
+    assert cfg.optim.lr == 2e-4 and cfg.temps == [0.1, 5.0]
+    with pytest.raises(ConfigError, match="'optim.lr' must be a number, got 'fast'"):
+        load_config(Cfg, None, ["optim.lr=fast"])
+    with pytest.raises(ConfigError, match="'steps' must be"):  # integers stay strict
+        load_config(Cfg, None, ["steps=1e3"])
+
+
 def test_no_flag_and_config_flag(tmp_path: Path):
     p = tmp_path / "c.yaml"
     p.write_text("flag: true\n")
