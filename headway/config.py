@@ -7,6 +7,7 @@ text in ``field(metadata={"help": ...})``; nested dataclasses are addressed with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -121,10 +122,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 return value
             raise ConfigError(f"'{key}' must be true or false, got {value!r}")
         if tp is float and isinstance(value, str):  # YAML 1.1 reads 1e-3 (an exponent without a dot) as text
-            try:
+            with contextlib.suppress(ValueError):  # not a number at all: refused just below, by name
                 value = float(value)
-            except ValueError:
-                pass
         if tp in (int, float):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"'{key}' must be a number, got {value!r}")
