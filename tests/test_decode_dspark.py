@@ -159,3 +159,25 @@ def test_sampling_with_confidence_chosen_lengths_matches_target(sampling_target)
     assert len(sizes) >= 2 and min(sizes) < 4  # lengths were really chosen
     biased = speculative_samples(spec, params, N_SAMPLES, seed=31, verifier=lambda *a: verify_sample(*a, renormalise=False))
     assert chi_square_pvalue(biased, probs, N_SAMPLES) < 1e-6
+
+
+@pytest.mark.parametrize("flag,expected", [([], True), (["--no-confidence-sizing"], False)])
+def test_bench_eval_and_generate_pass_the_confidence_sizing_switch(tmp_path, llama, flag, expected):
+    """``--no-confidence-sizing`` reaches the decoder from generate, bench and eval (a DSpark head's chains
+    are then verified whole: what #62 compares sized chains with)."""
+    from headway.bench.configs import BenchConfig
+    from headway.bench.eval_configs import EvalConfig
+    from headway.bench.run import headway_methods
+    from headway.config import parse_cli
+    from headway.decode.cli import GenerateConfig
+
+    model, tok, *_ = llama
+    folder = make_heads("dspark", model).save_pretrained(tmp_path / "dspark")
+    bench = parse_cli(BenchConfig, ["--target", "unused", "--heads", str(folder), "--tree", "chain-4", *flag])
+    assert bench.runtime_kwargs()["confidence_sizing"] is expected
+    [method] = headway_methods(model, tok, bench)
+    assert method.speculator.policy.confidence_sizing is expected
+    ev = parse_cli(EvalConfig, ["spec-bench", "--target", "unused", "--heads", str(folder), *flag])
+    assert ev.bench_config().confidence_sizing is expected
+    gen = parse_cli(GenerateConfig, ["--target", "unused", "--heads", str(folder), "--prompt", "x", *flag])
+    assert gen.runtime_kwargs()["confidence_sizing"] is expected

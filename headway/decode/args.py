@@ -125,8 +125,12 @@ class DecodeTargetArgs(TargetArgs):
     verify_logits: str = opt("auto", "auto = on CPU a tree's verify forward stops before the lm_head and "
                                      "projects only the rows verification reads (the accepted path; same "
                                      "logits); all = project every tree node", choices=VERIFY_LOGITS)
+    confidence_sizing: bool = opt(True, "heads with a confidence head (DSpark): each step's chain length is chosen "
+                                        "from it (one prompt, greedy drafts); --no-confidence-sizing verifies the "
+                                        "whole chain every step (output unchanged)")
 
     def runtime_kwargs(self) -> dict[str, Any]:
         """The ``Speculator`` keyword arguments these options ask for."""
         return {"heads_dtype": self.heads_dtype, "static_cache": self.static_cache, "compile": self.compile,
-                "linear_kernel": self.linear_kernel, "verify_logits": self.verify_logits}
+                "linear_kernel": self.linear_kernel, "verify_logits": self.verify_logits,
+                "confidence_sizing": self.confidence_sizing}
