@@ -246,15 +246,10 @@ def pad_trees(trees: Sequence[DraftTree], lengths: Sequence[int], pad: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row trees -> (tokens (B, N), position_ids (B, N), visible (B, N, N)) padded to the largest;
     a pad node sits at its row's root position and sees only itself."""
-    N = max(t.tokens.numel() for t in trees)
-    dev = trees[0].tokens.device
-    B = len(trees)
-    tokens = torch.full((B, N), pad, dtype=torch.long, device=dev)
-    pos = torch.tensor(list(lengths), dtype=torch.long, device=dev)[:, None].repeat(1, N)
-    vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+    tokens = pad_rows([t.tokens for t in trees], pad)  # (B, N)
+    pos = torch.tensor(list(lengths), device=tokens.device)[:, None] + pad_rows([t.buffers.depth for t in trees])
+    vis = torch.eye(tokens.shape[1], dtype=torch.bool, device=tokens.device).repeat(len(trees), 1, 1)
     for b, t in enumerate(trees):
-        n = t.tokens.numel()
-        tokens[b, :n] = t.tokens
-        pos[b, :n] += t.buffers.depth
+        n = t.buffers.size
         vis[b, :n, :n] = t.buffers.visible
     return tokens, pos, vis

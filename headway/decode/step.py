@@ -221,10 +221,8 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
     lazy = len(trees) == 1 and trees[0].buffers.size > PREFETCH_ROWS \
         and not is_chain(drafts.shape) and policy.typical is None and rt.uses_lazy_logits()
     last = rt.num_layers  # its hidden states are the lm_head's input
-    extra: dict[str, Any] = {}
-    if lazy:
-        extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
-                     layers=sorted(set(rt.layers) | {last}))
+    extra: dict[str, Any] = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
+                                 layers=sorted(set(rt.layers) | {last})) if lazy else {}
     tokens, pos, mask = batch.kv.tree_inputs(trees, lengths, pad, rt.dtype)
     out, seconds = timed_forward(rt, batch, tokens, pos, mask, **extra)
     node_logits, features = [], []
@@ -232,7 +230,7 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
         n = tree.tokens.numel()
         node_logits.append(NodeLogits(tree.buffers, hidden=out.hidden_states[last][b], head=rt.projection) if lazy
                            else NodeLogits(tree.buffers, full=out.logits[b, :n]))
-        features.append(rt.features(out, b, slice(0, n)))
+        features.append([out.hidden_states[i][b, :n] for i in rt.layers])
     return Scored(drafts, node_logits, features, seconds, tokens, None if lazy else out.logits)
 
 
@@ -248,13 +246,11 @@ def timed_forward(rt: Runtime, batch: Batch, tokens: torch.Tensor, pos: torch.Te
 
 
 # -- accept -------------------------------------------------------------------------------------
-def verify_row(tree: DraftTree, logits: NodeLogits | torch.Tensor, params: SamplingParams, gen: torch.Generator,
+def verify_row(tree: DraftTree, logits: NodeLogits, params: SamplingParams, gen: torch.Generator,
                draft_probs: torch.Tensor | None = None, typical: tuple[float, float] | None = None) -> Verdict:
-    """One row's accepted path and bonus token. ``logits``: every node's (N, V), or a ``NodeLogits``
-    whose rows are projected as they are read (only the accepted path's, when lazy)."""
+    """One row's accepted path and bonus token. ``logits``: the target's at the tree's nodes, rows
+    projected as they are read when lazy (only the accepted path's)."""
     tokens, b = tree.tokens, tree.buffers
-    if isinstance(logits, torch.Tensor):
-        logits = NodeLogits(b, full=logits)
     if params.greedy:
         if logits.lazy:
             return verify_greedy_walk(tokens, b, logits)
