@@ -70,12 +70,12 @@ def first_slots(counts: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.arange(max(counts), device=device)[None] < c[:, None]
 
 
-def pad_rows(rows: Sequence[torch.Tensor], pad: int = 0) -> torch.Tensor:
-    """Per-row (m_b, ...) tensors -> (B, max m_b, ...), ``pad`` after each row's own (the pad slots of
+def pad_rows(rows: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-row (m_b, ...) tensors -> (B, max m_b, ...), zeros after each row's own (the pad slots of
     a padded write, ``first_slots``). A batch of one is its row."""
     if len(rows) == 1:
         return rows[0][None]
-    return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True, padding_value=pad)
+    return torch.nn.utils.rnn.pad_sequence(list(rows), batch_first=True)
 
 
 def used_columns(valid: torch.Tensor) -> torch.Tensor | None:

@@ -227,10 +227,6 @@ class Speculator:
             raise DecodeError(str(e)) from None
         return torch.tensor([ids], dtype=torch.long, device=self.device)
 
-    def _pad(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return pad if pad is not None else 0
-
     def _prepare(self) -> None:
         """One-off measurements, outside any generation's time: the kernels (auto), the lm_head
         check, an adaptive tree's cost curve."""
@@ -252,7 +248,7 @@ class Speculator:
         """The prompts' prefill; one prompt's static cache holds it, ``max_new_tokens`` and the largest tree."""
         length = None if max_new_tokens is None or len(ids) > 1 else \
             len(ids[0]) + max_new_tokens + self.policy.largest_size()
-        return prefill(self.runtime, ids, rows, proposer, self._pad(), length, self._choose)
+        return prefill(self.runtime, ids, rows, proposer, length, self._choose)
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
         """A row's first token (tests replace it to start from a chosen one)."""
@@ -266,7 +262,7 @@ class Speculator:
         row.params = params if params is not None else SamplingParams()
         row.gen = gen if gen is not None else row.gen
         drafts = draft(self.runtime, self.policy, state)
-        return score(self.runtime, self.policy, state, drafts, self._pad()).row(0)
+        return score(self.runtime, self.policy, state, drafts).row(0)
 
     def commit(self, state: Batch, scored: RowScored, verdict: Verdict) -> list[int]:
         """Keep the accepted entries, tell the proposer, append and return the emitted tokens."""
@@ -327,7 +323,7 @@ class Speculator:
             hooks: list[StepHooks] = [RecordStats(), *self.hooks]
             while batch.rows:
                 with self.kernels():  # the drafter's and the target's forwards (commit may run the drafter)
-                    _, new, finished = step(self.runtime, self.policy, batch, eos, self._pad(), hooks)
+                    _, new, finished = step(self.runtime, self.policy, batch, eos, hooks)
                 finish(finished)
                 yield new
         finally:
