@@ -384,15 +384,12 @@ class DFlashProposer(_Drafts):
         pos = self.base[:, None] + torch.arange(bs, device=x.device)  # (B, bs)
         mask = None if self.dense else additive(
             after_prefix(self.valid, torch.ones(B, bs, bs, dtype=torch.bool, device=x.device)), d.fc.weight.dtype)
-        out = d(x, pos, self.context, mask)[:, 1:]  # (B, bs - 1, H)
-        self.out = out
-        if d.has_markov:
-            return self._markov(self.roots[:, None], 0)[:, 0]
-        if not d.has_correction:
-            self.logp = F.log_softmax(d.logits(out).float(), dim=-1)
-            return self.logp[:, 0]
-        self.slot_logits = d.logits(out)  # (B, bs - 1, Vd)
-        return self._corrected(None, self.roots[:, None], 0)[:, 0]
+        self.out, self.state = d(x, pos, self.context, mask)[:, 1:], None  # (B, bs - 1, H); no correction state yet
+        if d.has_correction and not d.has_markov:
+            self.slot_logits = d.logits(self.out)  # (B, bs - 1, Vd)
+        elif not d.has_markov:
+            self.logp = F.log_softmax(d.logits(self.out).float(), dim=-1)
+        return self.expand(torch.zeros_like(self.roots[:, None]), self.roots[:, None], 0)[:, 0]  # the root: depth 0
 
     def _markov(self, parents: torch.Tensor, slot: int) -> torch.Tensor:
         """DSpark: slot ``slot`` (0-based) after parents (B, n) target ids, its logits plus the Markov
@@ -427,7 +424,7 @@ class DFlashProposer(_Drafts):
             return self._markov(tokens, depth)
         if self.heads.has_correction:
             rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
-            return self._corrected(self.state[rows, parent_rows], tokens, depth)
+            return self._corrected(None if self.state is None else self.state[rows, parent_rows], tokens, depth)
         return super().expand(parent_rows, tokens, depth)
 
     def select(self, keep: Sequence[int]) -> None:
