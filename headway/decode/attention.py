@@ -78,26 +78,26 @@ def register() -> None:
     _registered = True
 
 
-def _configs(model: nn.Module) -> list[Any]:
-    """The model's config where it uses sdpa and has no sub-configs (plain decoder-only LMs)."""
+def _plain_sdpa(model: nn.Module) -> Any:
+    """The model's config where it uses sdpa and has no sub-configs (plain decoder-only LMs), else None."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "sub_configs", None) or \
             getattr(config, "_attn_implementation", None) != "sdpa":
-        return []
-    return [config]
+        return None
+    return config
 
 
 @contextlib.contextmanager
 def tree_attention(model: nn.Module, enabled: bool = True) -> Iterator[None]:
     """Within the block, ``model`` (an sdpa decoder-only LM) attends with ``tree_attention_forward``;
     restored after, after an error too. A no-op for other implementations or with ``enabled`` False."""
-    configs = _configs(model) if enabled else []
-    if configs:
-        register()
-    for c in configs:
-        c._attn_implementation = NAME
+    config = _plain_sdpa(model) if enabled else None
+    if config is None:
+        yield
+        return
+    register()
+    config._attn_implementation = NAME
     try:
         yield
     finally:
-        for c in configs:
-            c._attn_implementation = "sdpa"
+        config._attn_implementation = "sdpa"

@@ -142,15 +142,14 @@ class OneRow:
     def __init__(self, cache: Cache) -> None:
         self.cache = cache
 
-    def prefill(self, runtime: Any, ids: Sequence[list[int]], pad: int
-                ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def prefill(self, runtime: Any, ids: Sequence[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (the forward's output, tokens, valid, position ids (1, n))."""
         tokens = torch.tensor([list(ids[0])], dtype=torch.long, device=runtime.device)
         out = runtime.forward(tokens, self.cache, **runtime.last_logits_only())
         n = tokens.shape[1]
         return out, tokens, torch.ones_like(tokens, dtype=torch.bool), torch.arange(n, device=tokens.device)[None]
 
-    def tree_inputs(self, trees: Sequence[DraftTree], lengths: Sequence[int], pad: int, dtype: torch.dtype
+    def tree_inputs(self, trees: Sequence[DraftTree], lengths: Sequence[int], dtype: torch.dtype
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (tokens (1, N), position ids (1, N), additive mask (1, 1, N, kv))."""
         b, P = trees[0].buffers, lengths[0]
@@ -189,18 +188,17 @@ class PaddedRows:
         self.cache = new_cache(config)  # full layers: sliding-window ones would drop the entries keep() moves
         self.valid: torch.Tensor | None = None
 
-    def prefill(self, runtime: Any, ids: Sequence[list[int]], pad: int
-                ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-        tokens, valid, pos = left_pad(ids, pad, runtime.device)  # (B, n) each
+    def prefill(self, runtime: Any, ids: Sequence[list[int]]) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        tokens, valid, pos = left_pad(ids, 0, runtime.device)  # (B, n) each; a pad slot is hidden: any id serves
         self.valid = valid
         # left-padded: the last column is every row's last token
         out = runtime.forward(tokens, self.cache, position_ids=pos,
                               attention_mask=additive(prefill_mask(valid), runtime.dtype), **runtime.last_logits_only())
         return out, tokens, valid, pos
 
-    def tree_inputs(self, trees: Sequence[DraftTree], lengths: Sequence[int], pad: int, dtype: torch.dtype
+    def tree_inputs(self, trees: Sequence[DraftTree], lengths: Sequence[int], dtype: torch.dtype
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        tokens, pos, vis = pad_trees(trees, lengths, pad)  # (B, N), (B, N), (B, N, N)
+        tokens, pos, vis = pad_trees(trees, lengths)  # (B, N), (B, N), (B, N, N)
         return tokens, pos, additive(after_prefix(self.valid, vis), dtype)
 
     def plain_inputs(self, roots: torch.Tensor, lengths: Sequence[int], dtype: torch.dtype
@@ -242,19 +240,13 @@ class PaddedRows:
             layer.keys, layer.values = take(layer.keys), take(layer.values)
 
 
-def pad_trees(trees: Sequence[DraftTree], lengths: Sequence[int], pad: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_trees(trees: Sequence[DraftTree], lengths: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row trees -> (tokens (B, N), position_ids (B, N), visible (B, N, N)) padded to the largest;
-    a pad node sits at its row's root position and sees only itself."""
-    N = max(t.tokens.numel() for t in trees)
-    dev = trees[0].tokens.device
-    B = len(trees)
-    tokens = torch.full((B, N), pad, dtype=torch.long, device=dev)
-    pos = torch.tensor(list(lengths), dtype=torch.long, device=dev)[:, None].repeat(1, N)
-    vis = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+    a pad node (token 0: no other query sees it) sits at its row's root position and sees only itself."""
+    tokens = pad_rows([t.tokens for t in trees])  # (B, N)
+    pos = torch.tensor(list(lengths), device=tokens.device)[:, None] + pad_rows([t.buffers.depth for t in trees])
+    vis = torch.eye(tokens.shape[1], dtype=torch.bool, device=tokens.device).repeat(len(trees), 1, 1)
     for b, t in enumerate(trees):
-        n = t.tokens.numel()
-        tokens[b, :n] = t.tokens
-        pos[b, :n] += t.buffers.depth
+        n = t.buffers.size
         vis[b, :n, :n] = t.buffers.visible
     return tokens, pos, vis

@@ -50,11 +50,7 @@ def catch_up_visible(valid: torch.Tensor, new_valid: torch.Tensor) -> torch.Tens
     """A padded causal write: row b appends ``new_valid[b].sum()`` real tokens (the first ones) and
     pads up to M. -> bool (B, M, S + M): the row's valid slots, causal over its real new tokens;
     a pad query also sees itself, so no softmax row is empty."""
-    M = new_valid.shape[1]
-    dev = new_valid.device
-    causal = torch.ones(M, M, dtype=torch.bool, device=dev).tril()
-    new = (causal[None] & new_valid[:, None, :]) | torch.eye(M, dtype=torch.bool, device=dev)[None]
-    return after_prefix(valid, new)
+    return after_prefix(valid, prefill_mask(new_valid))  # prefill_mask: causal over valid, pads see themselves
 
 
 def with_mask_queries(visible: torch.Tensor, seen: torch.Tensor, n: int) -> torch.Tensor:

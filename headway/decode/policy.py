@@ -102,10 +102,8 @@ class TreePolicy:
         """Whether this step drafts: as the tuned table says for this batch size (greedy and sampling
         batches apart: a sampled chain is accepted less often than a greedy one), else as
         ``untuned_speculates`` rules."""
-        if not self.batch_aware:
-            return True
-        tuned = self.tuned(batch_size, sampling)
-        if tuned is not None:
+        tuned = self.tuned(batch_size, sampling)  # None when not batch-aware: then always speculate
+        if tuned is not None or not self.batch_aware:
             return tuned is not False
         return untuned_speculates(batch_size)
 

@@ -148,14 +148,16 @@ class _Drafts:
                                                   torch.Tensor]:
         """What ``accept`` appends: row b's m_b + 1 entries (x_{t+1}, f_t), t = start_b .. start_b + m_b,
         padded to the longest row -> tokens (B, M) the path after the root (bonus included), features
-        per layer (B, M, H) at the path (root first), start (B,), counts (B,) the real entries, and
-        their slots (B, M) (the pad slots are gaps, as in the target's cache). ``base`` moves past them."""
+        per layer (B, M, H) at the path (root first), their positions (B, M) (a pad slot's: harmless, never
+        seen), counts (B,) the real entries, and their slots (B, M) (the pad slots are gaps, as in the
+        target's cache). ``base`` moves past them."""
         dev = self.valid.device
         counts = [p.numel() - 1 for p in paths]
         start = torch.tensor(list(starts), dtype=torch.long, device=dev)
         c = torch.tensor(counts, dtype=torch.long, device=dev)
         self.base = start + c
-        return (pad_rows([p[1:] for p in paths]), [pad_rows(layer) for layer in zip(*features)], start, c,
+        pos = start[:, None] + torch.arange(max(counts), device=dev)[None]
+        return (pad_rows([p[1:] for p in paths]), [pad_rows(layer) for layer in zip(*features)], pos, c,
                 first_slots(counts, dev))
 
 
@@ -233,10 +235,8 @@ class EagleProposer(_Drafts):
 
     def accept(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
                starts: Sequence[int]) -> None:
-        tokens, feats, start, c, new_valid = self._accepted(paths, features, starts)
-        M = tokens.shape[1]
-        pos = start[:, None] + torch.arange(M, device=start.device)[None]  # pad slots: harmless positions, never seen
-        seen = None if self.dense and M == 1 else catch_up_visible(self.valid, new_valid)
+        tokens, feats, pos, c, new_valid = self._accepted(paths, features, starts)
+        seen = None if self.dense and tokens.shape[1] == 1 else catch_up_visible(self.valid, new_valid)
         out = self._run(tokens, self.heads.fuse(feats), pos, seen)
         self.valid = torch.cat([self.valid, new_valid], dim=1)
         self._roots(out, c - 1)
@@ -321,8 +321,8 @@ class PEagleProposer(_Drafts):
     def accept(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
                starts: Sequence[int]) -> None:
         """As EAGLE's, the pad slots at the row's last position so the mask slots follow it in every row."""
-        tokens, feats, start, c, new_valid = self._accepted(paths, features, starts)
-        pos = start[:, None] + torch.minimum(torch.arange(tokens.shape[1], device=c.device)[None], c[:, None] - 1)
+        tokens, feats, pos, c, new_valid = self._accepted(paths, features, starts)
+        pos = torch.minimum(pos, pos[:, :1] + c[:, None] - 1)
         self._draft(tokens, feats, pos, catch_up_visible(self.valid, new_valid), new_valid, c - 1)
 
     def select(self, keep: Sequence[int]) -> None:
@@ -373,8 +373,8 @@ class DFlashProposer(_Drafts):
     def accept(self, paths: Sequence[torch.Tensor], features: Sequence[list[torch.Tensor]],
                starts: Sequence[int]) -> None:
         """Row b's path features (m_b + 1 positions from its root) join its context, padded to the longest."""
-        _, feats, start, _, new_valid = self._accepted(paths, features, starts)
-        self._write(feats, start[:, None] + torch.arange(feats[0].shape[1], device=start.device)[None], new_valid)
+        _, feats, pos, _, new_valid = self._accepted(paths, features, starts)
+        self._write(feats, pos, new_valid)
         self.roots = torch.stack([p[-1] for p in paths])
 
     def root_logprobs(self) -> torch.Tensor:
@@ -384,15 +384,12 @@ class DFlashProposer(_Drafts):
         pos = self.base[:, None] + torch.arange(bs, device=x.device)  # (B, bs)
         mask = None if self.dense else additive(
             after_prefix(self.valid, torch.ones(B, bs, bs, dtype=torch.bool, device=x.device)), d.fc.weight.dtype)
-        out = d(x, pos, self.context, mask)[:, 1:]  # (B, bs - 1, H)
-        self.out = out
-        if d.has_markov:
-            return self._markov(self.roots[:, None], 0)[:, 0]
-        if not d.has_correction:
-            self.logp = F.log_softmax(d.logits(out).float(), dim=-1)
-            return self.logp[:, 0]
-        self.slot_logits = d.logits(out)  # (B, bs - 1, Vd)
-        return self._corrected(None, self.roots[:, None], 0)[:, 0]
+        self.out, self.state = d(x, pos, self.context, mask)[:, 1:], None  # (B, bs - 1, H); no correction state yet
+        if d.has_correction and not d.has_markov:
+            self.slot_logits = d.logits(self.out)  # (B, bs - 1, Vd)
+        elif not d.has_markov:
+            self.logp = F.log_softmax(d.logits(self.out).float(), dim=-1)
+        return self.expand(torch.zeros_like(self.roots[:, None]), self.roots[:, None], 0)[:, 0]  # the root: depth 0
 
     def _markov(self, parents: torch.Tensor, slot: int) -> torch.Tensor:
         """DSpark: slot ``slot`` (0-based) after parents (B, n) target ids, its logits plus the Markov
@@ -427,7 +424,7 @@ class DFlashProposer(_Drafts):
             return self._markov(tokens, depth)
         if self.heads.has_correction:
             rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
-            return self._corrected(self.state[rows, parent_rows], tokens, depth)
+            return self._corrected(None if self.state is None else self.state[rows, parent_rows], tokens, depth)
         return super().expand(parent_rows, tokens, depth)
 
     def select(self, keep: Sequence[int]) -> None:

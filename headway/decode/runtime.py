@@ -30,14 +30,6 @@ def heads_dtype_for(heads_dtype: str | torch.dtype | None, target_dtype: torch.d
     return resolve_dtype(heads_dtype)
 
 
-def compile_heads(heads: nn.Module) -> None:
-    """Compile the drafter step in place (the module's ``forward``; Medusa: one call per step,
-    EAGLE: one call per tree level, whose length grows, hence ``dynamic=True``)."""
-    if "forward" in heads.__dict__:  # already compiled (heads shared by several speculators)
-        return
-    heads.forward = torch.compile(heads.forward, dynamic=True)  # type: ignore[method-assign]
-
-
 class Runtime:
     """The target and the heads as the decoder runs them.
 
@@ -52,7 +44,7 @@ class Runtime:
 
     def __init__(self, target: nn.Module, heads: HeadsBase, heads_dtype: str | torch.dtype | None = "auto",
                  static_cache: bool = False, compile: bool = False, linear_kernel: str = "auto",
-                 verify_logits: str = "auto", feature_layers: list[int] | None = None) -> None:
+                 verify_logits: str = "auto") -> None:
         from ..kernels import LinearKernels
 
         if verify_logits not in ("auto", "all"):
@@ -64,13 +56,14 @@ class Runtime:
         # the tree-verify call compiled (prefill stays eager: its length varies); with a static cache every
         # input has a fixed shape per tree size, so it compiles once per tree shape; the model is not changed
         self.verify_forward: Callable[..., Any] = torch.compile(target.forward, dynamic=False) if compile else target
-        if compile:
-            compile_heads(self.heads)
+        if compile and "forward" not in self.heads.__dict__:  # not yet (heads shared by several speculators)
+            # the drafter step: Medusa one call per step, EAGLE one per tree level, whose length grows
+            self.heads.forward = torch.compile(self.heads.forward, dynamic=True)  # type: ignore[method-assign]
         # a compiled forward chooses its own kernels, and swapping module forwards would break its guards
         self.kernels = LinearKernels("stock" if compile else linear_kernel, target, self.heads)
         # an sdpa target attends tree tokens through ``decode/attention.py`` (False: transformers' sdpa, A/B)
         self.grouped_attention = not compile
-        self.layers = list(feature_layers or [])  # HF hidden-state indices the proposer reads
+        self.layers: list[int] = []  # HF hidden-state indices the proposer reads (``Speculator`` sets them)
         self.lazy_logits: bool | None = None if verify_logits == "auto" and not compile else False
         self.keeps_logits = "logits_to_keep" in inspect.signature(target.forward).parameters
         self.projection = Projection(target.get_output_embeddings())  # lm_head calls of on-demand rows
@@ -132,7 +125,3 @@ class Runtime:
         if length is None:
             raise DecodeError("a static cache is sized from max_new_tokens; pass it to start()")
         return new_cache(self.target.config, length)
-
-    def features(self, out: Any, row: int, index: torch.Tensor | slice) -> list[torch.Tensor]:
-        """Row ``row``'s hidden states at ``index`` of every layer the proposer reads."""
-        return [out.hidden_states[i][row, index] for i in self.layers]

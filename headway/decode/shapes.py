@@ -98,6 +98,11 @@ class StaticShape:
     def truncated(self, max_depth: int) -> "StaticShape":
         return StaticShape([p for p in self.paths if len(p) <= max_depth], name=f"{self.name}[:{max_depth}]")
 
+    @functools.cached_property
+    def forks(self) -> bool:
+        """Whether this is ``fork-N``, however it was written or truncated (checked once per shape)."""
+        return self.paths == _fork_paths(self.depth)
+
     def within_vocab(self, vocab: int) -> "StaticShape":
         """Drop paths asking for a rank the draft vocabulary does not have."""
         if max(max(p) for p in self.paths) < vocab:
@@ -149,12 +154,8 @@ def _fork_paths(depth: int) -> list[tuple[int, ...]]:
 
 
 def is_fork(shape: "TreeShape") -> bool:
-    """``fork-N`` however it was written or truncated (checked once per shape)."""
-    if not isinstance(shape, StaticShape):
-        return False
-    if "_is_fork" not in shape.__dict__:
-        shape.__dict__["_is_fork"] = shape.paths == _fork_paths(shape.depth)
-    return shape.__dict__["_is_fork"]
+    """``fork-N`` however it was written or truncated (``StaticShape.forks``)."""
+    return isinstance(shape, StaticShape) and shape.forks
 
 
 def mc_sim_7b_63() -> StaticShape:

@@ -227,10 +227,6 @@ class Speculator:
             raise DecodeError(str(e)) from None
         return torch.tensor([ids], dtype=torch.long, device=self.device)
 
-    def _pad(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return pad if pad is not None else 0
-
     def _prepare(self) -> None:
         """One-off measurements, outside any generation's time: the kernels (auto), the lm_head
         check, an adaptive tree's cost curve."""
@@ -252,7 +248,7 @@ class Speculator:
         """The prompts' prefill; one prompt's static cache holds it, ``max_new_tokens`` and the largest tree."""
         length = None if max_new_tokens is None or len(ids) > 1 else \
             len(ids[0]) + max_new_tokens + self.policy.largest_size()
-        return prefill(self.runtime, ids, rows, proposer, self._pad(), length, self._choose)
+        return prefill(self.runtime, ids, rows, proposer, length, self._choose)
 
     def _choose(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> torch.Tensor:
         """A row's first token (tests replace it to start from a chosen one)."""
@@ -266,7 +262,7 @@ class Speculator:
         row.params = params if params is not None else SamplingParams()
         row.gen = gen if gen is not None else row.gen
         drafts = draft(self.runtime, self.policy, state)
-        return score(self.runtime, self.policy, state, drafts, self._pad()).row(0)
+        return score(self.runtime, self.policy, state, drafts).row(0)
 
     def commit(self, state: Batch, scored: RowScored, verdict: Verdict) -> list[int]:
         """Keep the accepted entries, tell the proposer, append and return the emitted tokens."""
@@ -290,8 +286,7 @@ class Speculator:
         prefill). The arguments and the prompt's length are checked here, before it is returned
         (``check_decode_args``): a prompt that leaves no room for ``max_new_tokens`` is an error."""
         ids = self.encode(prompt, chat)[0].tolist()
-        check_decode_args(max_new_tokens, temperature, top_p, top_k, self.typical, len(ids), self.max_positions)
-        return self._stream(ids, new_row(0, ids, max_new_tokens, temperature, top_p, top_k, seed, stats), stop)
+        return self._stream(ids, self._row(0, ids, max_new_tokens, temperature, top_p, top_k, seed, stats), stop)
 
     def _stream(self, ids: list[int], row: Row, stop: Sequence[str]) -> Iterator[list[int]]:
         self._prepare()
@@ -328,7 +323,7 @@ class Speculator:
             hooks: list[StepHooks] = [RecordStats(), *self.hooks]
             while batch.rows:
                 with self.kernels():  # the drafter's and the target's forwards (commit may run the drafter)
-                    _, new, finished = step(self.runtime, self.policy, batch, eos, self._pad(), hooks)
+                    _, new, finished = step(self.runtime, self.policy, batch, eos, hooks)
                 finish(finished)
                 yield new
         finally:
@@ -372,15 +367,26 @@ class Speculator:
         for i, prompt in enumerate(prompts):
             with row_named(i):
                 ids.append(self.encode(prompt, chat)[0].tolist())
-                check_decode_args(max_new[i], temps[i], tops_p[i], tops_k[i], self.typical, len(ids[i]),
-                                  self.max_positions)
-            rows.append(new_row(i, ids[i], max_new[i], temps[i], tops_p[i], tops_k[i], seeds[i]))
+                rows.append(self._row(i, ids[i], max_new[i], temps[i], tops_p[i], tops_k[i], seeds[i]))
         self._prepare()
         t_start = time.perf_counter()
         steps = self._run(ids, rows, self.new_batch_proposer(B))
         forwards = sum(1 for _ in steps) - 1  # a yield per step, after prefill's
         out = [GenerationOutput(r.emitted, self.tokenizer.decode(r.emitted), r.stats) for r in rows]
         return BatchOutput(out, forwards, time.perf_counter() - t_start)
+
+    def _row(self, index: int, ids: list[int], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
+             seed: int | None, stats: GenerationStats | None = None) -> Row:
+        """A prompt's decode state before prefill, its arguments and length checked first
+        (``check_decode_args``), with its own generator (seeded when ``seed`` is given)."""
+        check_decode_args(max_new_tokens, temperature, top_p, top_k, self.typical, len(ids), self.max_positions)
+        gen = torch.Generator(device="cpu")
+        if seed is not None:
+            gen.manual_seed(int(seed))
+        stats = stats if stats is not None else GenerationStats()
+        stats.prompt_tokens = len(ids)
+        return Row(index, [], len(ids), SamplingParams(float(temperature), int(top_k), float(top_p)), gen,
+                   int(max_new_tokens), stats)
 
     def text_stream(self, steps: Iterator[list[int]], stop: Sequence[str]) -> Iterator[str]:
         ids: list[int] = []
@@ -393,18 +399,6 @@ class Speculator:
                 shown = len(text)
             if cut:
                 return
-
-
-def new_row(index: int, ids: list[int], max_new_tokens: int, temperature: float, top_p: float, top_k: int,
-            seed: int | None, stats: GenerationStats | None = None) -> Row:
-    """A prompt's decode state before prefill, with its own generator (seeded when ``seed`` is given)."""
-    gen = torch.Generator(device="cpu")
-    if seed is not None:
-        gen.manual_seed(int(seed))
-    stats = stats if stats is not None else GenerationStats()
-    stats.prompt_tokens = len(ids)
-    return Row(index, [], len(ids), SamplingParams(float(temperature), int(top_k), float(top_p)), gen,
-               int(max_new_tokens), stats)
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

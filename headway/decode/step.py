@@ -143,13 +143,13 @@ def choose(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -
 
 
 # -- prefill ------------------------------------------------------------------------------------
-def prefill(rt: Runtime, ids: Sequence[list[int]], rows: Sequence[Row], proposer: Proposer, pad: int,
+def prefill(rt: Runtime, ids: Sequence[list[int]], rows: Sequence[Row], proposer: Proposer,
             cache_length: int | None = None, pick: Callable[..., torch.Tensor] = choose) -> Batch:
     """One target forward over the prompts; the first token of each row comes from the target
     alone; the proposer reads the prompts' hidden states. One prompt: ``OneRow`` (its cache static
     when the runtime's is, of ``cache_length`` positions); more: ``PaddedRows``."""
     kv: OneRow | PaddedRows = OneRow(rt.new_cache(cache_length)) if len(ids) == 1 else PaddedRows(rt.target.config)
-    out, tokens, valid, pos = kv.prefill(rt, ids, pad)
+    out, tokens, valid, pos = kv.prefill(rt, ids)
     first = torch.stack([pick(out.logits[b, -1], r.params, r.gen) for b, r in enumerate(rows)])  # (B,)
     proposer.prefill(tokens, valid, pos, [out.hidden_states[i] for i in rt.layers], first)
     for r, f in zip(rows, first.tolist()):
@@ -211,7 +211,7 @@ def draft_sampled_chains(rt: Runtime, policy: TreePolicy, batch: Batch, roots: t
 
 
 # -- verify -------------------------------------------------------------------------------------
-def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: int) -> Scored:
+def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts) -> Scored:
     """One target forward over every row's tree. A single large tree (CPU) stops before the
     lm_head: its rows are projected as verification reads them (``NodeLogits``)."""
     trees = drafts.trees
@@ -221,18 +221,16 @@ def score(rt: Runtime, policy: TreePolicy, batch: Batch, drafts: Drafts, pad: in
     lazy = len(trees) == 1 and trees[0].buffers.size > PREFETCH_ROWS \
         and not is_chain(drafts.shape) and policy.typical is None and rt.uses_lazy_logits()
     last = rt.num_layers  # its hidden states are the lm_head's input
-    extra: dict[str, Any] = {}
-    if lazy:
-        extra = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
-                     layers=sorted(set(rt.layers) | {last}))
-    tokens, pos, mask = batch.kv.tree_inputs(trees, lengths, pad, rt.dtype)
+    extra: dict[str, Any] = dict(logits_to_keep=torch.empty(0, dtype=torch.long, device=rt.device),
+                                 layers=sorted(set(rt.layers) | {last})) if lazy else {}
+    tokens, pos, mask = batch.kv.tree_inputs(trees, lengths, rt.dtype)
     out, seconds = timed_forward(rt, batch, tokens, pos, mask, **extra)
     node_logits, features = [], []
     for b, tree in enumerate(trees):
         n = tree.tokens.numel()
         node_logits.append(NodeLogits(tree.buffers, hidden=out.hidden_states[last][b], head=rt.projection) if lazy
                            else NodeLogits(tree.buffers, full=out.logits[b, :n]))
-        features.append(rt.features(out, b, slice(0, n)))
+        features.append([out.hidden_states[i][b, :n] for i in rt.layers])
     return Scored(drafts, node_logits, features, seconds, tokens, None if lazy else out.logits)
 
 
@@ -248,13 +246,11 @@ def timed_forward(rt: Runtime, batch: Batch, tokens: torch.Tensor, pos: torch.Te
 
 
 # -- accept -------------------------------------------------------------------------------------
-def verify_row(tree: DraftTree, logits: NodeLogits | torch.Tensor, params: SamplingParams, gen: torch.Generator,
+def verify_row(tree: DraftTree, logits: NodeLogits, params: SamplingParams, gen: torch.Generator,
                draft_probs: torch.Tensor | None = None, typical: tuple[float, float] | None = None) -> Verdict:
-    """One row's accepted path and bonus token. ``logits``: every node's (N, V), or a ``NodeLogits``
-    whose rows are projected as they are read (only the accepted path's, when lazy)."""
+    """One row's accepted path and bonus token. ``logits``: the target's at the tree's nodes, rows
+    projected as they are read when lazy (only the accepted path's)."""
     tokens, b = tree.tokens, tree.buffers
-    if isinstance(logits, torch.Tensor):
-        logits = NodeLogits(b, full=logits)
     if params.greedy:
         if logits.lazy:
             return verify_greedy_walk(tokens, b, logits)
@@ -359,11 +355,7 @@ def plain(rt: Runtime, batch: Batch, eos: set[int]) -> tuple[list[list[int]], li
     roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     lengths = [r.length for r in rows]
     out, seconds = timed_forward(rt, batch, *batch.kv.plain_inputs(roots, lengths, rt.dtype))  # (B, 1) tokens
-    logits = out.logits[:, -1]  # (B, V)
-    if all(r.params.greedy for r in rows):
-        nxt = logits.argmax(-1)  # (B,)
-    else:
-        nxt = torch.stack([choose(logits[b], r.params, r.gen) for b, r in enumerate(rows)])
+    nxt = torch.stack([choose(out.logits[b, -1], r.params, r.gen) for b, r in enumerate(rows)])  # (B,)
     batch.kv.keep_plain()
     s = batch.skipped = batch.skipped or Skipped(lengths)
     s.tokens.append(roots)
@@ -376,8 +368,8 @@ def plain(rt: Runtime, batch: Batch, eos: set[int]) -> tuple[list[list[int]], li
 
 
 # -- the step -----------------------------------------------------------------------------------
-def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
-         hooks: Sequence[StepHooks] = ()) -> tuple[list[Row], list[list[int]], list[Row]]:
+def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], hooks: Sequence[StepHooks] = ()
+         ) -> tuple[list[Row], list[list[int]], list[Row]]:
     """draft -> verify -> accept -> commit, or a plain step where the policy says speculation does not
     pay at this batch size. Returns (the rows as they entered, each one's new tokens, the rows that
     stopped)."""
@@ -388,7 +380,7 @@ def step(rt: Runtime, policy: TreePolicy, batch: Batch, eos: set[int], pad: int,
     if policy.speculate(B, sampling):
         drafts = draft(rt, policy, batch)
         t_draft = time.perf_counter() - t0
-        scored = score(rt, policy, batch, drafts, pad)
+        scored = score(rt, policy, batch, drafts)
         verdicts = accept(policy, batch, scored)
         new, finished = commit(batch, scored, verdicts, eos)
         sync(rt.device)

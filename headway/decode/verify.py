@@ -35,6 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .padding import pad_rows
 from .tree import TreeBuffers
 
 
@@ -78,11 +79,10 @@ def stack_trees(buffers: Sequence[TreeBuffers]) -> tuple[torch.Tensor, torch.Ten
     first, B = buffers[0], len(buffers)
     if all(b is first for b in buffers):
         return first.parents.expand(B, -1), first.retrieve.expand(B, -1, -1)
-    parents = first.parents.new_zeros(B, max(b.size for b in buffers))
+    parents = pad_rows([b.parents for b in buffers])  # (B, N)
     paths = first.retrieve.new_full((B, max(b.retrieve.shape[0] for b in buffers),
                                      max(b.retrieve.shape[1] for b in buffers)), -1)
     for i, b in enumerate(buffers):
-        parents[i, :b.size] = b.parents
         paths[i, :b.retrieve.shape[0], :b.retrieve.shape[1]] = b.retrieve
     return parents, paths
 
