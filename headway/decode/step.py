@@ -355,7 +355,10 @@ def plain(rt: Runtime, batch: Batch, eos: set[int]) -> tuple[list[list[int]], li
     roots = torch.tensor([r.emitted[-1] for r in rows], device=rt.device)  # (B,)
     lengths = [r.length for r in rows]
     out, seconds = timed_forward(rt, batch, *batch.kv.plain_inputs(roots, lengths, rt.dtype))  # (B, 1) tokens
-    nxt = torch.stack([choose(out.logits[b, -1], r.params, r.gen) for b, r in enumerate(rows)])  # (B,)
+    logits = out.logits[:, -1]  # (B, V)
+    greedy = all(r.params.greedy for r in rows)  # one argmax for the batch, not B small ones (a GPU pays per call)
+    nxt = logits.argmax(-1) if greedy else torch.stack([choose(logits[b], r.params, r.gen)
+                                                         for b, r in enumerate(rows)])  # (B,)
     batch.kv.keep_plain()
     s = batch.skipped = batch.skipped or Skipped(lengths)
     s.tokens.append(roots)
