@@ -87,9 +87,9 @@ class EvalConfig(DecodeTargetArgs):
     def bench_config(self) -> BenchConfig:
         """The ``headway bench`` settings this eval runs the protocol with."""
         shared = ("target", "revision", "dtype", "device", "device_map", "attn_implementation", "adapter",
-                  "heads_dtype", "static_cache", "compile", "linear_kernel", "verify_logits", "confidence_sizing", "heads",
-                  "max_new_tokens", "temperature", "tree", "chat_template", "prompt_format", "repeats", "warmup",
-                  "seed", "threads", "progress")
+                  "heads_dtype", "static_cache", "compile", "linear_kernel", "verify_logits", "confidence_sizing",
+                  "heads", "max_new_tokens", "temperature", "tree", "chat_template", "prompt_format", "repeats",
+                  "warmup", "seed", "threads", "progress")
         kw: dict[str, Any] = {k: getattr(self, k) for k in shared}
         kw["verify_logits"] = [kw["verify_logits"]]
         return BenchConfig(**kw, prompts=f"suite:{self.suite}", baselines=list(self.baselines) or ["none"])
