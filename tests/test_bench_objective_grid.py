@@ -81,6 +81,20 @@ def test_the_plan_runs_each_option_alone_with_its_data_steps_and_minutes(tiny, t
                                                        "dflash-hass"]
 
 
+def test_set_moves_every_run_to_another_base_and_seeds_adds_repeats(tiny, tmp_path):
+    _, eagle3, _, _, _, _, _ = tiny
+    args = grid.parse(args_for(tiny, tmp_path / "g", "--kinds", "eagle3", "--seeds", "3", "--set", "optim.lr=0.004",
+                               "--set", "seed=7", "--only", "baseline", "seed1", "seed2", "hass"))
+    _, runs = grid.plan(args)
+    assert [r.name for r in runs] == ["baseline", "seed1", "seed2", "hass"]
+    cmds = {r.name: grid.train_command(args, r) for r in runs}
+    assert "optim.lr=0.004" in cmds["baseline"] and "optim.lr=0.004" in cmds["hass"]
+    assert "seed=7" in cmds["baseline"] and cmds["seed2"][-1] == "seed=2"  # a run's own change wins
+    assert "seed=7" not in cmds["seed2"]
+    with pytest.raises(SystemExit):
+        grid.parse(args_for(tiny, tmp_path / "g", "--set", "optim.lr"))
+
+
 def test_dry_run_prints_the_plan_and_expected_minutes_and_runs_nothing(tiny, tmp_path, capsys):
     assert grid.main(args_for(tiny, tmp_path / "g", "--only", "baseline", "stored-topk", "--minutes",
                               "eagle3=10", "--dry-run")) == 0

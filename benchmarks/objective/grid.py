@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """The objective grid of issue #60: each training-objective option alone on top of a base recipe
 (by default the SmolLM2 1,536-answer recipes configs/smollm2/eagle3-1k5.yaml and dflash-1k5.yaml),
-plus a seed repeat of the baseline, each run in its own output folder, one after another, then one
+plus seed repeats of the baseline (``--seeds``), each run in its own output folder, one after another, then one
 table of the held-out numbers.
 
     python benchmarks/objective/grid.py --dry-run            # the plan and its expected CPU minutes
     python benchmarks/objective/grid.py                      # run it (resumable: finished runs are kept)
     python benchmarks/objective/grid.py --only baseline hass # a subset; --kinds eagle3 for one kind
     python benchmarks/objective/grid.py --collect-only       # the table of what has run so far
+    python benchmarks/objective/grid.py --set optim.lr=0.004 --out runs/objective-lr4e-3  # around another base
 
 It needs the base recipes' data steps done (runs/smollm2-distill, runs/smollm2-features,
 runs/smollm2-heldout-features: see the configs' headers). Two runs need data of their own, made
@@ -76,15 +77,15 @@ def ttt_cost(steps: int, base: int = 3) -> float:
     return (1 + (steps - 1) / 3) / (1 + (base - 1) / 3)
 
 
-def options(kind: str, topk_folder: str | None, samples: tuple[str, str] | None, base: dict[str, Any]
-            ) -> list[Run]:
-    """Every run of one kind: the baseline, a seed repeat, each objective option alone, and (EAGLE-3)
-    the TTT lengths and decays; both kinds the draft vocabulary sizes."""
+def options(kind: str, topk_folder: str | None, samples: tuple[str, str] | None, base: dict[str, Any],
+            seeds: int = 2) -> list[Run]:
+    """Every run of one kind: the baseline, its seed repeats (``seeds`` in all), each objective option
+    alone, and (EAGLE-3) the TTT lengths and decays; both kinds the draft vocabulary sizes."""
     s = SECTIONS[kind]
     opts = base.get(s, {})
     vocab = int(opts.get("draft_vocab_size") or 8192)
     runs = [Run(kind, "baseline", "the base recipe"),
-            Run(kind, "seed1", "the base recipe, seed 1", {"seed": 1}),
+            *(Run(kind, f"seed{i}", f"the base recipe, seed {i}", {"seed": i}) for i in range(1, seeds)),
             Run(kind, "hass", "HASS Top-K distillation (w 1, K 10)", {f"{s}.topk_weight": 1.0, f"{s}.topk_k": 10}),
             Run(kind, "griffin", "GRIFFIN token alignment (top-3)", {f"{s}.align_topk": 3}),
             Run(kind, "chain", "expected accepted length (weight 0.5)", {f"{s}.chain_weight": 0.5})]
@@ -144,7 +145,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Prep], list[Run]]:
         base = read_yaml(args.config[kind])
         topk, samples, sampled_data = prep_steps(args, base, headway)
         preps.update({topk.output: topk, samples.output: samples})
-        for run in options(kind, topk.output, (sampled_data, samples.output), base):
+        for run in options(kind, topk.output, (sampled_data, samples.output), base, args.seeds):
             if not args.only or run.name in args.only:
                 runs.append(run)
     needed = [preps[o] for o in dict.fromkeys(o for r in runs for o in r.needs)]
@@ -152,7 +153,8 @@ def plan(args: argparse.Namespace) -> tuple[list[Prep], list[Run]]:
 
 
 def train_command(args: argparse.Namespace, run: Run) -> list[str]:
-    over = {"output_dir": str(Path(args.out) / run.folder), **run.overrides}
+    # --set applies to every run (a base recipe with other settings); a run's own change wins
+    over = {"output_dir": str(Path(args.out) / run.folder), **args.set, **run.overrides}
     return [*shlex.split(args.headway), "train", "--config", args.config[run.kind],
             *(f"{k}={v}" for k, v in over.items())]
 
@@ -301,6 +303,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--topk", type=int, default=64, help="top-k logits stored for stored-topk")
     ap.add_argument("--samples", type=int, default=2, help="answers per prompt for the samples run")
     ap.add_argument("--temperature", type=float, default=1.0, help="their sampling temperature")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override for every run, e.g. --set optim.lr=0.004: the grid around another base; "
+                         "use another --out for it (repeatable)")
+    ap.add_argument("--seeds", type=int, default=2, help="runs of the base recipe: baseline, seed1, ... seed{N-1}")
     ap.add_argument("--minutes", nargs="+", default=[], metavar="KIND=MIN",
                     help="training minutes of each base recipe on this machine (default eagle3=4.8 dflash=3.6, "
                          "a 2-core Xeon with AMX)")
@@ -309,6 +315,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--collect-only", action="store_true", help="write grid.json / grid.md of what has run")
     args = ap.parse_args(argv)
     args.config = {"eagle3": args.eagle3_config, "dflash": args.dflash_config}
+    bad = [x for x in args.set if "=" not in x]
+    if bad:
+        ap.error(f"--set takes KEY=VALUE, got {bad[0]!r}")
+    args.set = dict(x.split("=", 1) for x in args.set)
     args.minutes = {**BASE_MINUTES, **{k: float(v) for k, v in (m.split("=", 1) for m in args.minutes)}}
     return args
 
