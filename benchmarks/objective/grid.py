@@ -8,7 +8,7 @@ table of the held-out numbers.
     python benchmarks/objective/grid.py                      # run it (resumable: finished runs are kept)
     python benchmarks/objective/grid.py --only baseline hass # a subset; --kinds eagle3 for one kind
     python benchmarks/objective/grid.py --collect-only       # the table of what has run so far
-    python benchmarks/objective/grid.py --set optim.lr=0.004 --out runs/objective-lr4e-3  # around another base
+    python benchmarks/objective/grid.py --set optim.lr=0.002 --out runs/objective-lr2e-3  # around another base
 
 It needs the base recipes' data steps done (runs/smollm2-distill, runs/smollm2-features,
 runs/smollm2-heldout-features: see the configs' headers). Two runs need data of their own, made
@@ -304,7 +304,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--samples", type=int, default=2, help="answers per prompt for the samples run")
     ap.add_argument("--temperature", type=float, default=1.0, help="their sampling temperature")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="an override for every run, e.g. --set optim.lr=0.004: the grid around another base; "
+                    help="an override for every run, e.g. --set optim.lr=0.002: the grid around another base; "
                          "use another --out for it (repeatable)")
     ap.add_argument("--seeds", type=int, default=2, help="runs of the base recipe: baseline, seed1, ... seed{N-1}")
     ap.add_argument("--minutes", nargs="+", default=[], metavar="KIND=MIN",
