@@ -65,9 +65,14 @@ def test_the_plan_runs_each_option_alone_with_its_data_steps_and_minutes(tiny, t
                                     "ttt1", "ttt3", "ttt7", "decay0.6", "decay1", "vocab4k", "vocab32k")} <= names
     assert ("eagle3", "ttt2") not in names and ("eagle3", "vocab8k") not in names  # the base recipe's own values
     assert ("dflash", "ttt1") not in names and ("dflash", "vocab16k") in names
+    # the argmax cross-entropy toggled from each base's own (both tiny bases leave it at its default, off)
+    assert ("eagle3", "hard1") in names and ("eagle3", "hard0") not in names
     by = {(r.kind, r.name): r for r in runs}
     assert by["dflash", "griffin"].overrides == {"dflash.align_topk": 3}
     assert by["eagle3", "hass"].overrides == {"eagle.topk_weight": 1.0, "eagle.topk_k": 10}
+    assert by["dflash", "hard1"].overrides == {"dflash.hard_weight": 1.0}
+    with_ce = grid.options("eagle3", None, None, {"eagle": {"hard_weight": 1.0}})
+    assert [r.overrides for r in with_ce if r.name.startswith("hard")] == [{"eagle.hard_weight": 0.0}]
     assert by["eagle3", "ttt7"].cost > by["eagle3", "ttt3"].cost > 1 > by["eagle3", "ttt1"].cost
     cmd = grid.train_command(grid.parse(args_for(tiny, tmp_path / "g")), by["eagle3", "seed1"])
     assert cmd[-4:] == ["--config", eagle3, f"output_dir={tmp_path / 'g' / 'eagle3-seed1'}", "seed=1"]
