@@ -314,7 +314,12 @@ def test_a_killed_round_resumes_from_its_last_checkpoint(setup, tmp_path):
     proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 600
-        while not (checkpoints.is_dir() and any(checkpoints.glob("checkpoint-*"))) and proc.poll() is None:
+        # a complete checkpoint: checkpoint-N.tmp is one still being written (a kill then leaves nothing to
+        # resume from; CI once hit that window on a busy machine)
+        def complete() -> bool:
+            return checkpoints.is_dir() and any(p.suffix != ".tmp" for p in checkpoints.glob("checkpoint-*"))
+
+        while not complete() and proc.poll() is None:
             assert time.monotonic() < deadline, "no checkpoint within 10 minutes"
             time.sleep(0.2)
         assert proc.poll() is None, "the round ended before it could be killed: " + (tmp_path / "first.log").read_text()[-2000:]
