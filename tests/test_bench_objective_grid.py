@@ -71,6 +71,9 @@ def test_the_plan_runs_each_option_alone_with_its_data_steps_and_minutes(tiny, t
     assert by["dflash", "griffin"].overrides == {"dflash.align_topk": 3}
     assert by["eagle3", "hass"].overrides == {"eagle.topk_weight": 1.0, "eagle.topk_k": 10}
     assert by["dflash", "hard1"].overrides == {"dflash.hard_weight": 1.0}
+    assert by["eagle3", "batch2"].overrides == {"batch_size": 2}  # half the tiny base's 4
+    assert [r.name for r in grid.options("eagle3", None, None, {"batch_size": 16}) if r.name.startswith("batch")] \
+        == ["batch8"]
     with_ce = grid.options("eagle3", None, None, {"eagle": {"hard_weight": 1.0}})
     assert [r.overrides for r in with_ce if r.name.startswith("hard")] == [{"eagle.hard_weight": 0.0}]
     assert by["eagle3", "ttt7"].cost > by["eagle3", "ttt3"].cost > 1 > by["eagle3", "ttt1"].cost

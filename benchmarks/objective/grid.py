@@ -94,6 +94,11 @@ def options(kind: str, topk_folder: str | None, samples: tuple[str, str] | None,
         runs.append(Run(kind, "hard0", "no cross-entropy to the argmax (hard_weight 0)", {f"{s}.hard_weight": 0.0}))
     else:
         runs.append(Run(kind, "hard1", "+ cross-entropy to the argmax (hard_weight 1)", {f"{s}.hard_weight": 1.0}))
+    # half the batch over the same tokens and epochs: twice the optimiser steps at about the same compute
+    batch = int(base.get("batch_size") or 8)
+    if batch >= 2:
+        runs.append(Run(kind, f"batch{batch // 2}", f"batch_size {batch // 2} (twice the optimiser steps)",
+                        {"batch_size": batch // 2}))
     if topk_folder:
         runs.append(Run(kind, "stored-topk", "soft labels from the stored top-64 logits",
                         {f"{s}.soft_labels": "stored_topk", "features": topk_folder}, 0.97, [topk_folder]))
@@ -297,7 +302,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/objective", help="one folder per run in here, and grid.json / grid.md")
     ap.add_argument("--kinds", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     ap.add_argument("--only", nargs="+", default=[], help="run names to keep (baseline, seed1, hass, griffin, chain, "
-                                                           "hard0 or hard1, stored-topk, samples2, ttt1..ttt7, decay0.6, decay1, "
+                                                           "hard0 or hard1, batchN (half the base's batch), stored-topk, samples2, ttt1..ttt7, decay0.6, decay1, "
                                                            "vocab4k, vocab16k, vocab32k)")
     ap.add_argument("--eagle3-config", default="configs/smollm2/eagle3-1k5.yaml")
     ap.add_argument("--dflash-config", default="configs/smollm2/dflash-1k5.yaml")
