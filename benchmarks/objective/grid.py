@@ -36,6 +36,8 @@ from typing import Any
 
 import yaml
 
+from headway.train.config import TrainConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = {"eagle3": "eagle", "dflash": "dflash"}
 # Rough training minutes of each base recipe on a 2-core Xeon with AMX (the configs' headers): the
@@ -95,7 +97,7 @@ def options(kind: str, topk_folder: str | None, samples: tuple[str, str] | None,
     else:
         runs.append(Run(kind, "hard1", "+ cross-entropy to the argmax (hard_weight 1)", {f"{s}.hard_weight": 1.0}))
     # half the batch over the same tokens and epochs: twice the optimiser steps at about the same compute
-    batch = int(base.get("batch_size") or 8)
+    batch = int(base.get("batch_size") or TrainConfig.__dataclass_fields__["batch_size"].default)
     if batch >= 2:
         runs.append(Run(kind, f"batch{batch // 2}", f"batch_size {batch // 2} (twice the optimiser steps)",
                         {"batch_size": batch // 2}))
