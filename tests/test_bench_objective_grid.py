@@ -74,6 +74,15 @@ def test_the_plan_runs_each_option_alone_with_its_data_steps_and_minutes(tiny, t
     assert by["eagle3", "batch2"].overrides == {"batch_size": 2}  # half the tiny base's 4
     assert [r.name for r in grid.options("eagle3", None, None, {"batch_size": 16}) if r.name.startswith("batch")] \
         == ["batch8"]
+    assert by["eagle3", "frozen-head"].overrides == {"eagle.train_lm_head": False}
+    # --set moves the base the toggles start from: a grid around a frozen head plans no frozen-head run
+    # (YAML values, so "false" is False) and one at batch 8 halves to 4
+    _, around = grid.plan(grid.parse(args_for(tiny, tmp_path / "g2", "--set", "eagle.train_lm_head=false",
+                                              "--set", "batch_size=8")))
+    assert "frozen-head" not in {r.name for r in around} and ("eagle3", "batch4") in {(r.kind, r.name) for r in around}
+    frozen = grid.options("eagle3", None, None, {"eagle": {"train_lm_head": False}})
+    assert "frozen-head" not in {r.name for r in frozen}  # a base that already freezes it
+    assert ("dflash", "frozen-head") not in names
     with_ce = grid.options("eagle3", None, None, {"eagle": {"hard_weight": 1.0}})
     assert [r.overrides for r in with_ce if r.name.startswith("hard")] == [{"eagle.hard_weight": 0.0}]
     assert by["eagle3", "ttt7"].cost > by["eagle3", "ttt3"].cost > 1 > by["eagle3", "ttt1"].cost

@@ -95,3 +95,38 @@ def test_a_layer_of_another_shape_is_refused_before_anything_is_copied():
     with pytest.raises(ValueError, match=r"mlp.gate_proj is \(\d+, \d+\) in the target and"):
         init_from_target_layer(heads, other, 0)
     assert all(torch.equal(v, before[k]) for k, v in heads.state_dict().items())
+
+
+@pytest.mark.parametrize("train_lm_head", [True, False])
+def test_train_lm_head_false_keeps_the_target_rows_through_a_step(tmp_path, train_lm_head):
+    """``eagle.train_lm_head=false`` (speculators' choice): the draft lm_head starts as the target's rows
+    for the draft vocabulary and the optimiser never sees it; the default trains it."""
+    from headway.config import load_config
+    from headway.train.config import TrainConfig
+    from headway.train.eagle import Eagle3Task
+    from headway.train.optim import make_optimizer
+    from headway.train.ttt import eagle3_ttt_loss
+
+    target, _ = tiny_target("llama")
+    cfg = load_config(TrainConfig, None, {"kind": "eagle3", "target": "tiny", "data": "", "output_dir": str(tmp_path),
+                                          "eagle.train_lm_head": train_lm_head})
+    task = Eagle3Task(cfg)
+    heads = task.build(target)
+    rows = target.get_output_embeddings().weight[heads.draft_token_ids()]
+    assert torch.equal(heads.lm_head.weight, rows)
+    groups = task.param_groups(heads, target)
+    trained = {id(p) for g in groups for p in g.params}
+    assert (id(heads.lm_head.weight) in trained) is train_lm_head
+    assert id(heads.fc.weight) in trained
+    assert heads.metadata["draft_vocab"]["lm_head_init"].endswith("(frozen)") is not train_lm_head
+    opt = make_optimizer(groups, cfg.optim)
+    ids = torch.randint(3, 300, (2, 12))
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True)
+    fused = heads.fuse([out.hidden_states[i] for i in heads.feature_layers])
+    loss, _ = eagle3_ttt_loss(heads, ids, fused, out.logits, torch.ones_like(ids), steps=2)
+    fc_before = heads.fc.weight.detach().clone()
+    loss.backward()
+    opt.step()
+    assert not torch.equal(heads.fc.weight, fc_before)
+    assert torch.equal(heads.lm_head.weight, rows) is not train_lm_head

@@ -203,6 +203,20 @@ def test_trains_every_drafter_tensor_and_leaves_target_bit_identical(setup, tmp_
     assert '"acc0"' in log and '"acc3"' in log and '"ce3"' in log
 
 
+def test_a_frozen_lm_head_ends_the_run_as_the_targets_rows(setup, tmp_path):
+    """``peagle.train_lm_head=false``: a real run trains the rest and saves the lm_head as it began."""
+    target, tok = load_target(str(setup[1]), device="cpu")
+    torch.manual_seed(0)
+    init = PEagleTask(config(setup, tmp_path / "init", **{"peagle.train_lm_head": False})).build(target)
+    assert not init.lm_head.weight.requires_grad
+    final = fit(config(setup, tmp_path / "run", **{"peagle.train_lm_head": False}, eval_fraction=0.0), target, tok)
+    heads = load_heads(final, target=target)
+    assert torch.equal(heads.lm_head.weight, target.get_output_embeddings().weight[heads.draft_token_ids()])
+    assert not torch.equal(heads.fc.weight, init.fc.weight)
+    meta = json.loads((final / "config.json").read_text())["metadata"]
+    assert meta["draft_vocab"]["lm_head_init"] == "target lm_head rows (frozen)"
+
+
 def test_training_lowers_the_loss(setup, tmp_path):
     train(config(setup, tmp_path / "run", max_steps=24, eval_fraction=0.0))
     got = losses(tmp_path / "run")

@@ -112,6 +112,9 @@ def options(kind: str, topk_folder: str | None, samples: tuple[str, str] | None,
         steps = int(opts.get("ttt_steps", 7))
         runs += [Run(kind, f"ttt{n}", f"ttt_steps {n}", {"eagle.ttt_steps": n}, ttt_cost(n, steps))
                  for n in range(1, 8) if n != steps]
+        if opts.get("train_lm_head", True):
+            runs.append(Run(kind, "frozen-head", "the draft lm_head frozen at the target's rows (speculators')",
+                            {"eagle.train_lm_head": False}))
         decay = float(opts.get("step_decay", 0.8))
         runs += [Run(kind, f"decay{d:g}", f"step_decay {d:g}", {"eagle.step_decay": d}) for d in (0.6, 1.0)
                  if d != decay]
@@ -148,13 +151,26 @@ def prep_steps(args: argparse.Namespace, base: dict[str, Any], headway: list[str
     return topk, Prep(sfeats, distill, PREP_MINUTES["distill"]), sdata
 
 
+def with_settings(base: dict[str, Any], settings: dict[str, str]) -> dict[str, Any]:
+    """The recipe as ``--set`` leaves it (``section.key=value``, values read as YAML), so the toggles a
+    grid plans (hard0 / hard1, batchN, frozen-head, ...) start from the base it really trains."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for key, value in settings.items():
+        *path, name = key.split(".")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[name] = yaml.safe_load(value)
+    return out
+
+
 def plan(args: argparse.Namespace) -> tuple[list[Prep], list[Run]]:
     """(the data steps the selected runs need, the selected runs), in the order they run."""
     headway = shlex.split(args.headway)
     preps: dict[str, Prep] = {}
     runs: list[Run] = []
     for kind in args.kinds:
-        base = read_yaml(args.config[kind])
+        base = with_settings(read_yaml(args.config[kind]), args.set)
         topk, samples, sampled_data = prep_steps(args, base, headway)
         preps.update({topk.output: topk, samples.output: samples})
         for run in options(kind, topk.output, (sampled_data, samples.output), base, args.seeds):
@@ -304,7 +320,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/objective", help="one folder per run in here, and grid.json / grid.md")
     ap.add_argument("--kinds", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     ap.add_argument("--only", nargs="+", default=[], help="run names to keep (baseline, seed1, hass, griffin, chain, "
-                                                           "hard0 or hard1, batchN (half the base's batch), stored-topk, samples2, ttt1..ttt7, decay0.6, decay1, "
+                                                           "hard0 or hard1, batchN (half the base's batch), stored-topk, samples2, ttt1..ttt7, decay0.6, decay1, frozen-head, "
                                                            "vocab4k, vocab16k, vocab32k)")
     ap.add_argument("--eagle3-config", default="configs/smollm2/eagle3-1k5.yaml")
     ap.add_argument("--dflash-config", default="configs/smollm2/dflash-1k5.yaml")

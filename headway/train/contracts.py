@@ -116,6 +116,8 @@ class EagleOptions:
                                       "(speculators' option)")
     norm_before_residual: bool = opt(False, "EAGLE-3: the drafter layer's residual is the normed hidden state "
                                             "(speculators' option)")
+    train_lm_head: bool = opt(True, "EAGLE-3: train the draft lm_head (it starts as the target's rows for the draft "
+                                    "vocabulary); false keeps it frozen at those rows, as speculators' trainer does")
     argmax_from: str = opt("logits", "EAGLE-3 (and EAGLE-1's accuracy metric): where training reads the target's "
                                      "argmax (the hard label, and which positions the draft vocabulary can "
                                      "express): logits = the target's full-"
@@ -239,6 +241,8 @@ class PEagleOptions:
                                             "option)")
     own_embeddings: bool = opt(False, "train an own copy of the token embedding (speculators trains P-EAGLE's; the "
                                       "export then ships it) instead of borrowing the target's, frozen")
+    train_lm_head: bool = opt(True, "train the draft lm_head (it starts as the target's rows for the draft "
+                                    "vocabulary); false keeps it frozen there (as eagle.train_lm_head)")
     argmax_from: str = opt("logits", "where training reads the target's argmax: logits, or data (greedy-distilled "
                                      "data only; offline, only the draft vocabulary's lm_head rows are projected)",
                            choices=ARGMAX_FROM)

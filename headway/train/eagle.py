@@ -78,16 +78,24 @@ def summarize(stats: dict[str, Tensor]) -> dict[str, Any]:
     return out
 
 
-def init_lm_head(heads: Eagle3Drafter, target: nn.Module) -> None:
-    """Start the draft lm_head as the target's own output rows for the draft vocabulary.
+def init_lm_head(heads: Eagle3Drafter, target: nn.Module, train: bool = True) -> None:
+    """Start the draft lm_head as the target's own output rows for the draft vocabulary; with
+    ``train=False`` it stays there (``requires_grad`` off: no optimiser group holds it).
 
     A random head must learn the token geometry from the answers alone; on the demo data
     (59k answer tokens) this init raised simulated tau from 1.42 to 1.45 after the same
-    145 steps (and 1.30 -> 1.35 after 58). Every row still trains."""
+    145 steps (and 1.30 -> 1.35 after 58). Frozen, the drafter must write into the target's own
+    output space: on SmolLM2 at 1,536 answers that raised held-out tau by ~0.05 (docs/training.md)."""
     W = target.get_output_embeddings().weight  # (V, H)
     ids = heads.to_target_ids(torch.arange(heads.config.draft_vocab_size, device=heads.d2t.device))
     with torch.no_grad():
         heads.lm_head.weight.copy_(W[ids.to(W.device)].to(heads.lm_head.weight))
+    heads.lm_head.weight.requires_grad_(train)
+
+
+def lm_head_note(train: bool) -> str:
+    """The card's ``draft_vocab.lm_head_init``."""
+    return "target lm_head rows" + ("" if train else " (frozen)")
 
 
 def target_layer_modules(target: nn.Module, layer: int, names: Sequence[str],
@@ -270,7 +278,7 @@ class Eagle3Task(_EagleTask):
         heads = Eagle3Drafter.for_target(target, draft_vocab_size=n, aux_layers=list(self.opts.aux_layers) or None,
                                          norm_output=self.opts.norm_output, norm_before_fc=self.opts.norm_before_fc,
                                          norm_before_residual=self.opts.norm_before_residual)
-        info: dict[str, Any] = {"size": n, "target_vocab_size": V, "lm_head_init": "target lm_head rows"}
+        info: dict[str, Any] = {"size": n, "target_vocab_size": V}
         if n < V:
             from ..data.vocab import draft_vocab
 
@@ -278,7 +286,8 @@ class Eagle3Task(_EagleTask):
             ids, _, _ = draft_vocab(counts, n)
             heads.set_draft_vocab(ids.to(heads.d2t.device))
             info["answer_token_coverage"] = round(float(counts[ids].sum()) / max(1, int(counts.sum())), 4)
-        init_lm_head(heads, target)
+        init_lm_head(heads, target, train=self.opts.train_lm_head)
+        info["lm_head_init"] = lm_head_note(self.opts.train_lm_head)
         heads.metadata["draft_vocab"] = info
         if self.opts.init_layer is not None:
             heads.metadata["init_from_target"] = init_from_target_layer(heads, target, self.opts.init_layer)

@@ -30,7 +30,7 @@ from .calibration import depth_sums, stack_depths
 from .config import TrainConfig
 from .dflash import mask_token
 from .draft_vocab import answer_draft_vocab
-from .eagle import _EagleTask, init_lm_head
+from .eagle import _EagleTask, init_lm_head, lm_head_note
 from .parallel import cod_slots, every_slot, slot_mask
 from .ttt import acceptance_stats, decoder_step_starts, label_mask, shift_left, ttt_mask
 
@@ -175,8 +175,8 @@ class PEagleTask(_EagleTask):
                                          own_embeddings=o.own_embeddings)
         if ids is not None:
             heads.set_draft_vocab(ids.to(heads.d2t.device))
-        init_lm_head(heads, target)
-        heads.metadata["draft_vocab"] = info | {"lm_head_init": "target lm_head rows"}
+        init_lm_head(heads, target, train=o.train_lm_head)
+        heads.metadata["draft_vocab"] = info | {"lm_head_init": lm_head_note(o.train_lm_head)}
         heads.metadata["mask_token"] = {"id": mask_id, "chosen_by": mask_from}
         self.check_data()
         return heads
