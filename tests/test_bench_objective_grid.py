@@ -57,7 +57,7 @@ def args_for(tiny, out, *extra):
             "--distill-config", dconf, "--headway", f"{sys.executable} -m headway", *extra]
 
 
-def test_the_plan_runs_each_option_alone_with_its_data_steps_and_minutes(tiny, tmp_path):
+def test_the_plan_runs_each_option_alone_with_its_data_steps_and_minutes(tiny, tmp_path, capsys):
     _, eagle3, _, _, _, feats, data = tiny
     preps, runs = grid.plan(grid.parse(args_for(tiny, tmp_path / "g")))
     names = {(r.kind, r.name) for r in runs}
@@ -80,6 +80,8 @@ def test_the_plan_runs_each_option_alone_with_its_data_steps_and_minutes(tiny, t
     _, around = grid.plan(grid.parse(args_for(tiny, tmp_path / "g2", "--set", "eagle.train_lm_head=false",
                                               "--set", "batch_size=8")))
     assert "frozen-head" not in {r.name for r in around} and ("eagle3", "batch4") in {(r.kind, r.name) for r in around}
+    assert grid.main(args_for(tiny, tmp_path / "g3", "--set", "optim.lr=fast", "--dry-run")) == 2  # refused, named
+    assert "'optim.lr' must be a number, got 'fast'" in capsys.readouterr().out
     frozen = grid.options("eagle3", None, None, {"eagle": {"train_lm_head": False}})
     assert "frozen-head" not in {r.name for r in frozen}  # a base that already freezes it
     assert ("dflash", "frozen-head") not in names

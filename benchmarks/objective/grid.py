@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from headway.config import ConfigError, load_config, to_dict
 from headway.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,17 +152,11 @@ def prep_steps(args: argparse.Namespace, base: dict[str, Any], headway: list[str
     return topk, Prep(sfeats, distill, PREP_MINUTES["distill"]), sdata
 
 
-def with_settings(base: dict[str, Any], settings: dict[str, str]) -> dict[str, Any]:
-    """The recipe as ``--set`` leaves it (``section.key=value``, values read as YAML), so the toggles a
-    grid plans (hard0 / hard1, batchN, frozen-head, ...) start from the base it really trains."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
-    for key, value in settings.items():
-        *path, name = key.split(".")
-        node = out
-        for part in path:
-            node = node.setdefault(part, {})
-        node[name] = yaml.safe_load(value)
-    return out
+def trained_base(config: str | Path, settings: dict[str, str]) -> dict[str, Any]:
+    """The recipe as ``headway train --config CONFIG`` with ``--set``'s overrides reads it (its parser,
+    defaults and checks), so the toggles a grid plans (hard0 / hard1, batchN, frozen-head, ...) start
+    from the base it really trains."""
+    return to_dict(load_config(TrainConfig, config, settings))
 
 
 def plan(args: argparse.Namespace) -> tuple[list[Prep], list[Run]]:
@@ -170,7 +165,7 @@ def plan(args: argparse.Namespace) -> tuple[list[Prep], list[Run]]:
     preps: dict[str, Prep] = {}
     runs: list[Run] = []
     for kind in args.kinds:
-        base = with_settings(read_yaml(args.config[kind]), args.set)
+        base = trained_base(args.config[kind], args.set)
         topk, samples, sampled_data = prep_steps(args, base, headway)
         preps.update({topk.output: topk, samples.output: samples})
         for run in options(kind, topk.output, (sampled_data, samples.output), base, args.seeds):
@@ -353,7 +348,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    preps, runs = plan(args)
+    try:
+        preps, runs = plan(args)
+    except ConfigError as e:  # a --set the recipe refuses: before any run starts
+        say(f"grid.py: error: {e}")
+        return 2
     if not runs:
         say(f"no run is named {' '.join(args.only)}")
         return 2
