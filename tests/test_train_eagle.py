@@ -167,6 +167,24 @@ def test_init_from_starts_from_earlier_heads_and_refuses_other_settings(setup, t
     assert not (tmp_path / "d" / "final").exists() and not (tmp_path / "e" / "final").exists()
 
 
+def test_init_from_into_a_frozen_lm_head_keeps_the_sources_rows_and_says_frozen(setup, tmp_path):
+    """A run with ``eagle.train_lm_head=false`` warm-started from heads whose lm_head trained: the copied
+    rows stay as they came, and the card says frozen (this run's choice, not the source's)."""
+    target, tok = load_target(str(setup[1]), device="cpu")
+    first = fit(config(setup, tmp_path / "a", "eagle3", eval_fraction=0.0), target, tok)
+    src = load_heads(first, target=target)
+    assert not torch.equal(src.lm_head.weight, target.get_output_embeddings().weight[src.draft_token_ids()])
+    frozen = fit(config(setup, tmp_path / "b", "eagle3", eval_fraction=0.0, init_from=str(first),
+                        **{"eagle.train_lm_head": False}), target, tok)
+    heads = load_heads(frozen, target=target)
+    assert torch.equal(heads.lm_head.weight, src.lm_head.weight)
+    assert not torch.equal(heads.fc.weight, src.fc.weight)  # the rest trained on
+    note = json.loads((frozen / "config.json").read_text())["metadata"]["draft_vocab"]["lm_head_init"]
+    assert note == "target lm_head rows (frozen)"
+    assert json.loads((first / "config.json").read_text())["metadata"]["draft_vocab"]["lm_head_init"] == \
+        "target lm_head rows"
+
+
 def greedy_copy(data: Path, out: Path, temperature: float = 0.0) -> Path:
     """The dataset with a distill manifest saying the target wrote it at ``temperature``."""
     shutil.copytree(data, out)

@@ -26,7 +26,12 @@ def warm_start(heads: HeadsBase, name_or_path: str, target: nn.Module, tokenizer
         raise TrainError(f"init_from {name_or_path} has other settings than this recipe ({'; '.join(differ)})")
     load_state_strict(heads, src.state_dict(), f"init_from {name_or_path}")
     if "draft_vocab" in src.metadata:  # which tokens the copied d2t holds (calibration is refitted at evaluation)
-        heads.metadata["draft_vocab"] = src.metadata["draft_vocab"]
+        vocab = dict(src.metadata["draft_vocab"])
+        lm_head = getattr(heads, "lm_head", None)
+        if "lm_head_init" in vocab and isinstance(lm_head, nn.Linear):  # frozen or not is this run's choice
+            frozen = "" if lm_head.weight.requires_grad else " (frozen)"
+            vocab["lm_head_init"] = vocab["lm_head_init"].removesuffix(" (frozen)") + frozen
+        heads.metadata["draft_vocab"] = vocab
     heads.metadata["init_from"] = str(name_or_path)
     return heads
 
