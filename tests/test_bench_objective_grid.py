@@ -85,6 +85,11 @@ def test_the_plan_runs_each_option_alone_with_its_data_steps_and_minutes(tiny, t
     frozen = grid.options("eagle3", None, None, {"eagle": {"train_lm_head": False}})
     assert "frozen-head" not in {r.name for r in frozen}  # a base that already freezes it
     assert ("dflash", "frozen-head") not in names
+    # a base that names its fused layers and starts from a random layer plans the copy of the deepest's reader
+    assert [r.overrides for r in grid.options("eagle3", None, None, {"eagle": {"aux_layers": [2, 15, 27]}})
+            if r.name.startswith("init")] == [{"eagle.init_layer": 27}]
+    assert not [r for r in grid.options("eagle3", None, None, {"eagle": {"aux_layers": [2, 15, 27], "init_layer": 27}})
+                if r.name.startswith("init")]
     with_ce = grid.options("eagle3", None, None, {"eagle": {"hard_weight": 1.0}})
     assert [r.overrides for r in with_ce if r.name.startswith("hard")] == [{"eagle.hard_weight": 0.0}]
     assert by["eagle3", "ttt7"].cost > by["eagle3", "ttt3"].cost > 1 > by["eagle3", "ttt1"].cost

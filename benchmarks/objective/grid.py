@@ -116,6 +116,11 @@ def options(kind: str, topk_folder: str | None, samples: tuple[str, str] | None,
         if opts.get("train_lm_head", True):
             runs.append(Run(kind, "frozen-head", "the draft lm_head frozen at the target's rows (speculators')",
                             {"eagle.train_lm_head": False}))
+        aux = opts.get("aux_layers") or []
+        if aux and opts.get("init_layer") is None:  # the decoder layer copied from the target's (docs/training.md)
+            n = int(aux[-1])  # the layer that reads the deepest fused feature
+            runs.append(Run(kind, f"init{n}", f"decoder layer started as target layer {n} (init_layer)",
+                            {"eagle.init_layer": n}))
         decay = float(opts.get("step_decay", 0.8))
         runs += [Run(kind, f"decay{d:g}", f"step_decay {d:g}", {"eagle.step_decay": d}) for d in (0.6, 1.0)
                  if d != decay]
@@ -315,7 +320,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default="runs/objective", help="one folder per run in here, and grid.json / grid.md")
     ap.add_argument("--kinds", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     ap.add_argument("--only", nargs="+", default=[], help="run names to keep (baseline, seed1, hass, griffin, chain, "
-                                                           "hard0 or hard1, batchN (half the base's batch), stored-topk, samples2, ttt1..ttt7, decay0.6, decay1, frozen-head, "
+                                                           "hard0 or hard1, batchN (half the base's batch), stored-topk, samples2, ttt1..ttt7, decay0.6, decay1, frozen-head, initN, "
                                                            "vocab4k, vocab16k, vocab32k)")
     ap.add_argument("--eagle3-config", default="configs/smollm2/eagle3-1k5.yaml")
     ap.add_argument("--dflash-config", default="configs/smollm2/dflash-1k5.yaml")
