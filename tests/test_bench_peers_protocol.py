@@ -255,5 +255,7 @@ def test_throughput_runs_each_tool_in_its_own_defaults_for_n_steps(tool, tmp_pat
     args = throughput.parse_args(["--prepared", str(tmp_path), "--out", str(tmp_path / "t")])
     argv = throughput.command(tool, args, tmp_path / "f", 7)
     assert f"{defaults.option(tool, 'max_steps')}=7" in argv
+    # speculators would go on through its epochs after max_steps: one epoch ends it
+    assert (f"{defaults.option(tool, 'epochs')}=1" in argv) == (tool == "speculators")
     if tool != "headway":
         assert argv[argv.index("--defaults") + 1] == "own"

@@ -78,6 +78,11 @@ def tokens_per_step(tool: str, plan: dict[str, Any], settings: dict[str, Any], h
 
 def command(tool: str, args: argparse.Namespace, folder: Path, steps: int) -> list[str]:
     sets = [f"{defaults.option(tool, 'max_steps')}={steps}", *args.set]
+    if tool == "speculators":
+        # its trainer leaves an epoch at max_steps but still starts every later one (a step, a
+        # validation pass and a checkpoint each): one epoch ends the run. The step counts must fit in
+        # it (34 steps an epoch on the 1,536-answer data in its own mode).
+        sets.insert(1, f"{defaults.option(tool, 'epochs')}=1")
     if tool == "headway":
         return [sys.executable, "-m", "headway", "train", "--config", args.headway_config,
                 f"output_dir={folder}", "eval_every=0", "eval_features=", *sets]
