@@ -235,10 +235,16 @@ def test_every_tool_is_timed_by_the_same_wall_clock_with_the_same_threads_and_co
 
     timer = functools.partial(throughput.time_run, run=fake_run, clock=lambda: clock[0])
     args = throughput.parse_args(["--prepared", str(tmp_path), "--out", str(tmp_path / "t"), "--steps", "4", "12"])
-    plan = {"tokens": 1000, "rows": 10,
+    plan = {"tokens": 12 * 8192, "rows": 500,  # speculators' 12 steps of 8,192 packed tokens fit in one epoch
             "settings": {"own": {p: defaults.own(p) for p in defaults.PEERS}}}
     got = {tool: throughput.measure(tool, args, plan, 16, [0, 1], timer=timer, quiet=lambda *a: 0.1)
            for tool in defaults.TOOLS}
+    # one step more than its one epoch holds is refused before anything runs
+    calls_before = len(calls)
+    with pytest.raises(SystemExit, match="does not fit in one epoch"):
+        throughput.measure("speculators", args, dict(plan, tokens=11 * 8192), 16, [0, 1], timer=timer,
+                           quiet=lambda *a: 0.1)
+    assert len(calls) == calls_before
     assert {tool: r["steady_s_per_step"] for tool, r in got.items()} == {t: 2.0 for t in defaults.TOOLS}
     assert {tool: r["runs"][4]["wall_s"] for tool, r in got.items()} == {t: 18.0 for t in defaults.TOOLS}
     assert set(calls) == {(("taskset", "-c", "0,1"), "2", "2")}

@@ -80,8 +80,8 @@ def command(tool: str, args: argparse.Namespace, folder: Path, steps: int) -> li
     sets = [f"{defaults.option(tool, 'max_steps')}={steps}", *args.set]
     if tool == "speculators":
         # its trainer leaves an epoch at max_steps but still starts every later one (a step, a
-        # validation pass and a checkpoint each): one epoch ends the run. The step counts must fit in
-        # it (34 steps an epoch on the 1,536-answer data in its own mode).
+        # validation pass and a checkpoint each): one epoch ends the run (``measure`` checks the step
+        # counts fit in it).
         sets.insert(1, f"{defaults.option(tool, 'epochs')}=1")
     if tool == "headway":
         return [sys.executable, "-m", "headway", "train", "--config", args.headway_config,
@@ -130,13 +130,18 @@ def measure(tool: str, args: argparse.Namespace, plan: dict[str, Any], headway_b
             **how: Any) -> dict[str, Any]:
     """``tool``'s runs at each step count, its steady seconds per step and tokens/s (``how``: timed's timer
     and quiet, for tests)."""
+    settings = defaults.settings_for(plan, "own", tool) if tool != "headway" else {}
+    tps = tokens_per_step(tool, plan, settings, headway_batch)
+    if tool == "speculators" and max(args.steps) > plan["tokens"] // tps:
+        # it runs one epoch (``command``): a longer count would stop short and time fewer steps than named
+        raise SystemExit(f"speculators: --steps {max(args.steps)} does not fit in one epoch of its own mode "
+                         f"(at most {int(plan['tokens'] // tps)} steps of {tps:.0f} tokens in "
+                         f"{plan['tokens']:,} tokens); give smaller step counts")
     runs = {}
     for n in sorted(args.steps):
         runs[n] = timed(tool, args, n, cores, **how)
         print(f"{tool} {n} steps: {runs[n]}", flush=True)
-    settings = defaults.settings_for(plan, "own", tool) if tool != "headway" else {}
     per_step = steady({n: r["wall_s"] for n, r in runs.items()})
-    tps = tokens_per_step(tool, plan, settings, headway_batch)
     return {"runs": runs, "steady_s_per_step": per_step, "tokens_per_step": round(tps, 1),
             "steady_tokens_per_s": round(tps / per_step, 1) if per_step else None,
             "contended": any(r["load_1min"] > args.max_load for r in runs.values())}
