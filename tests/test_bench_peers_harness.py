@@ -216,3 +216,20 @@ def test_vocab_npy(tmp_path):
     t2d[[0, 3, 7]] = True
     a, b = convert.write_vocab_npy(d2t, t2d, tmp_path)
     assert a.name == "d2t-3.npy" and np.load(a).tolist() == [0, 2, 5] and np.load(b).dtype == np.bool_
+
+
+def test_preparing_more_peers_keeps_the_earlier_ones_with_their_lr():
+    """A second prepare.py run into the same folder (other peers, same rows) keeps the first run's peers,
+    their settings and their LR (the sweep reads each peer's LR from the plan); other rows start afresh."""
+    prepare = _module("prepare")
+    base = {"features": "f", "rows": 4, "tokens": 40, "draft_vocab_size": 8, "aux_hf_index": [1, 2, 3], "epochs": 2}
+    old = {**base, "lr": {"headway": 2e-3, "speculators": 4e-3}, "peers": {"speculators": {"data": "s"}},
+           "settings": {"own": {"speculators": {"e": 20}}, "shared": {"speculators": {"e": 2}}}}
+    new = {**base, "lr": {"headway": 2e-3, "modelopt": 1e-4}, "peers": {"modelopt": {"data": "m"}},
+           "settings": {"own": {"modelopt": {"e": 1}}, "shared": {"modelopt": {"e": 2}}}}
+    got = prepare.merge_plans(old, new)
+    assert got["lr"] == {"headway": 2e-3, "speculators": 4e-3, "modelopt": 1e-4}
+    assert got["peers"] == {"speculators": {"data": "s"}, "modelopt": {"data": "m"}}
+    assert got["settings"]["own"] == {"speculators": {"e": 20}, "modelopt": {"e": 1}}
+    assert got["settings"]["shared"] == {"speculators": {"e": 2}, "modelopt": {"e": 2}}
+    assert prepare.merge_plans({**old, "rows": 5}, new) == new

@@ -248,12 +248,40 @@ def test_every_tool_is_timed_by_the_same_wall_clock_with_the_same_threads_and_co
     assert {tool: r["steady_s_per_step"] for tool, r in got.items()} == {t: 2.0 for t in defaults.TOOLS}
     assert {tool: r["runs"][4]["wall_s"] for tool, r in got.items()} == {t: 18.0 for t in defaults.TOOLS}
     assert set(calls) == {(("taskset", "-c", "0,1"), "2", "2")}
-    assert len(calls) == 2 * len(defaults.TOOLS)
+    assert len(calls) == 3 * len(defaults.TOOLS)  # a warm-up run, then the two timed ones
     # a second invocation reuses the timings; an interrupted one is refused
     assert throughput.timed("headway", args, 4, [0, 1], timer=None, quiet=None)["wall_s"] == 18.0
     (tmp_path / "t" / "modelopt" / "steps-4" / "timing.json").unlink()
     with pytest.raises(SystemExit, match="interrupted timing"):
         throughput.timed("modelopt", args, 4, [0, 1], timer=timer, quiet=lambda *a: 0.1)
+
+
+@pytest.mark.parametrize("warmup,want", [(1, 2.0), (0, 2.0 - 30 / 8)])
+def test_a_warm_up_run_keeps_a_cold_first_start_out_of_the_steady_rate(tmp_path, warmup, want):
+    """The first process of a tool starts 30 s slower (disk reads, compile caches): with a warm-up run
+    both timed runs start warm and the steady rate is the steps' 2 s; without it the cold start lands in
+    the 4-step run and the difference reads 30 s / 8 steps too little."""
+    clock, started = [0.0], []
+
+    def fake_run(argv, stdout, stderr, env):
+        steps = int(next(a for a in argv if "max_steps=" in a).split("=")[1])
+        clock[0] += 10 + 2 * steps + (30 if not started else 0)
+        started.append(steps)
+        return argparse.Namespace(returncode=0)
+
+    timer = functools.partial(throughput.time_run, run=fake_run, clock=lambda: clock[0])
+    args = throughput.parse_args(["--prepared", str(tmp_path), "--out", str(tmp_path / "t"), "--steps", "4", "12",
+                                  "--warmup", str(warmup)])
+    got = throughput.measure("specforge", args, {"tokens": 1000, "rows": 10,
+                                                 "settings": {"own": {"specforge": defaults.own("specforge")}}},
+                             16, [0, 1], timer=timer, quiet=lambda *a: 0.1)
+    assert got["steady_s_per_step"] == pytest.approx(want)
+    assert started == [4] * warmup + [4, 12]
+    # timings already recorded are not warmed up again
+    throughput.measure("specforge", args, {"tokens": 1000, "rows": 10,
+                                           "settings": {"own": {"specforge": defaults.own("specforge")}}},
+                       16, [0, 1], timer=timer, quiet=lambda *a: 0.1)
+    assert started == [4] * warmup + [4, 12]
 
 
 @pytest.mark.parametrize("tool", ["headway", "speculators", "modelopt", "specforge"])

@@ -107,6 +107,18 @@ def write_peer(peer: str, rows: list, out: Path, args: argparse.Namespace, sizes
     return entry
 
 
+def merge_plans(old: dict, new: dict) -> dict:
+    """``new`` with the peers an earlier prepare.py wrote into the same folder kept listed (their data,
+    settings and LR), when both were made from the same rows with the same shared settings; else ``new``."""
+    keys = ("features", "rows", "tokens", "draft_vocab_size", "aux_hf_index", "epochs")
+    if not (all(old.get(k) == new[k] for k in keys) and "settings" in old):
+        return new
+    merged = {**new, "peers": {**old["peers"], **new["peers"]}, "lr": {**old.get("lr", {}), **new["lr"]},
+              "settings": {mode: {**old["settings"].get(mode, {}), **new["settings"].get(mode, {})}
+                           for mode in {*old["settings"], *new["settings"]}}}
+    return merged
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, help="headway distilled dataset (its token counts give the draft vocab)")
@@ -135,13 +147,8 @@ def main() -> None:
             "lr": {p: args.lr or RECOMMENDED_LR[p] for p in ["headway", *args.peers]},
             "lr_recommended": RECOMMENDED_LR, "settings": modes,
             "peers": {p: write_peer(p, rows, out, args, vocab_sizes(modes, p)) for p in args.peers}}
-    if (out / "plan.json").is_file():  # peers prepared earlier with the same settings stay listed
-        old = json.loads((out / "plan.json").read_text())
-        keys = ("features", "rows", "tokens", "draft_vocab_size", "aux_hf_index", "epochs")
-        if all(old.get(k) == plan[k] for k in keys) and "settings" in old:
-            plan["peers"] = {**old["peers"], **plan["peers"]}
-            for mode in modes:
-                plan["settings"][mode] = {**old["settings"].get(mode, {}), **modes[mode]}
+    if (out / "plan.json").is_file():
+        plan = merge_plans(json.loads((out / "plan.json").read_text()), plan)
     (out / "plan.json").write_text(json.dumps(plan, indent=2) + "\n")
     print(f"{len(rows)} rows, {tokens} tokens -> {out}/plan.json")
 

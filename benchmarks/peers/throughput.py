@@ -17,6 +17,9 @@ Real tokens per step: rows per step x the plan's mean row length for tools that 
 packs rows up to ``total_seq_len`` tokens a step, so its figure is that bound (its packing of ~170-token
 rows leaves little room). Padded positions are not counted.
 
+Before a tool's timed runs, ``--warmup`` (1) untimed runs at the smallest step count read its data and
+weights into the page cache and fill compile caches, so both timed runs start alike.
+
 Another job on the machine distorts all of this: the script waits (``--wait`` seconds) for the 1-minute
 load average to fall to ``--max-load`` (1.2) before each run, and refuses to start one above it unless
 ``--force`` (then every result carries the load it ran at and a warning).
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -126,6 +130,18 @@ def timed(tool: str, args: argparse.Namespace, n: int, cores: list[int], timer=t
     return result
 
 
+def warm_up(tool: str, args: argparse.Namespace, cores: list[int], timer=time_run, quiet=wait_for_quiet) -> None:
+    """``args.warmup`` untimed runs at the smallest step count (``OUT/<tool>/warmup-I``, replaced each time):
+    the first run of a tool reads its data and checkpoint from disk and fills compile caches, which the
+    later ones find warm, so without it the two timed runs do not start alike and their difference is
+    not the steps' cost (SpecForge's 12 steps once took less than its 4)."""
+    for i in range(args.warmup):
+        folder = Path(args.out) / tool / f"warmup-{i}"
+        shutil.rmtree(folder, ignore_errors=True)
+        quiet(args.max_load, args.wait, args.force)
+        timer(command(tool, args, folder, min(args.steps)), folder, args.threads, cores)
+
+
 def measure(tool: str, args: argparse.Namespace, plan: dict[str, Any], headway_batch: int, cores: list[int],
             **how: Any) -> dict[str, Any]:
     """``tool``'s runs at each step count, its steady seconds per step and tokens/s (``how``: timed's timer
@@ -137,6 +153,8 @@ def measure(tool: str, args: argparse.Namespace, plan: dict[str, Any], headway_b
         raise SystemExit(f"speculators: --steps {max(args.steps)} does not fit in one epoch of its own mode "
                          f"(at most {int(plan['tokens'] // tps)} steps of {tps:.0f} tokens in "
                          f"{plan['tokens']:,} tokens); give smaller step counts")
+    if args.warmup and not all((Path(args.out) / tool / f"steps-{n}" / "timing.json").is_file() for n in args.steps):
+        warm_up(tool, args, cores, **how)
     runs = {}
     for n in sorted(args.steps):
         runs[n] = timed(tool, args, n, cores, **how)
@@ -154,6 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tools", nargs="+", default=list(defaults.TOOLS), choices=defaults.TOOLS)
     ap.add_argument("--steps", type=int, nargs="+", default=[4, 12], help="step counts (two for steady state)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per tool before its timed ones (warm page "
+                    "and compile caches)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to every run")
     ap.add_argument("--max-load", type=float, default=1.2)
     ap.add_argument("--wait", type=float, default=300, help="seconds to wait for the load to fall")
