@@ -168,6 +168,21 @@ def test_cost_factor_is_one_at_the_shared_settings_and_grows_with_ttt_vocab_and_
             > protocol.cost_factor("speculators", defaults.own("speculators"), 3, 8192))  # its 8B-sized layer
 
 
+def test_own_mode_minutes_come_from_the_measured_own_throughput():
+    # one own epoch of the reference tokens at the rates measured alone on 2 threads: SpecForge 153.9 tok/s
+    # (29 min on 2 cores: 58 core-minutes), ModelOpt 89.0 (50 min: 100); the shared mode keeps its scaled rate
+    tokens = protocol.REFERENCE_TOKENS
+    for peer, core_min in (("specforge", 58.0), ("modelopt", 100.3)):
+        job = protocol.Job(peer, "own", None, 0)
+        assert protocol.cpu_minutes(job, defaults.own(peer), tokens, 8192, 2) == pytest.approx(core_min, rel=0.01)
+        two = defaults.own(peer, epochs_cap=None)
+        two["options"][defaults.option(peer, "epochs")] = 2
+        assert protocol.cpu_minutes(job, two, tokens, 8192, 2) == pytest.approx(2 * core_min, rel=0.01)
+    shared = protocol.Job("modelopt", "shared", None, 0)
+    assert protocol.cpu_minutes(shared, defaults.shared("modelopt", 8192, 2, 3, None), tokens, 8192, 2) == \
+        pytest.approx(2 * protocol.CPU_MIN_PER_EPOCH["modelopt"])
+
+
 # ---- resumption
 
 def test_a_finished_run_is_skipped_and_an_unfinished_one_runs(tmp_path):

@@ -32,6 +32,11 @@ METRICS = ("tau", "tau_decode")
 # shared core, ~90 min for 2 epochs (fp32, stopped).
 REFERENCE_TOKENS = 267_732
 CPU_MIN_PER_EPOCH = {"headway": 4.75, "speculators": 14.0, "specforge": 15.0, "modelopt": 45.0}
+# Tokens/s of a tool at its own defaults, measured alone on 2 threads under one wall-clock timer
+# (benchmarks/peers/throughput.py; benchmarks/results/peers-throughput-epyc.json, warm). The shared rates above
+# scaled to own settings overestimated these two (SpecForge 1.5x, ModelOpt 2.4x: the preset layer's
+# multiply-adds are not where its time goes), so an own-mode run at these settings is estimated from them.
+OWN_TOKENS_PER_S_2T = {"specforge": 153.9, "modelopt": 89.0}
 SMOLLM2 = {"hidden": 576, "intermediate": 1536, "q_dim": 576, "kv_dim": 192}  # 9 heads of 64, 3 KV heads
 MODELOPT_PRESET = {"intermediate": 14336, "q_dim": 32 * 128, "kv_dim": 8 * 128}  # eagle3_default_config
 
@@ -133,6 +138,8 @@ def cpu_minutes(job: Job, settings: dict[str, Any] | None, tokens: int, shared_v
     opts = settings["options"]
     epochs = float(opts[defaults.option(job.tool, "epochs")])
     ttt = int(opts.get(defaults.option(job.tool, "ttt_steps"), defaults.OWN[job.tool]["ttt_steps"][0]))
+    if job.mode == "own" and job.tool in OWN_TOKENS_PER_S_2T:  # measured at these settings: 2 cores' minutes
+        return 2 * tokens * epochs / OWN_TOKENS_PER_S_2T[job.tool] / 60
     return per_epoch * epochs * cost_factor(job.tool, settings, ttt, shared_vocab)
 
 

@@ -229,7 +229,7 @@ def print_plan(rows: list[dict[str, Any]], threads: int) -> None:
     cpu = sum(r["cpu_min"] for r in todo)
     print(f"{len(todo)} of {len(rows)} runs left: ~{cpu:.0f} CPU minutes, ~{cpu / threads:.0f} min "
           f"({cpu / threads / 60:.1f} h) on {threads} threads one at a time (rates of docs/peers.md's runs scaled by epochs, tokens, TTT length and per-step "
-          "compute; precision not modelled)")
+          "compute, or SpecForge's and ModelOpt's own-defaults throughput measured alone; precision not modelled)")
 
 
 # ---------------------------------------------------------------- main
