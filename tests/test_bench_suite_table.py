@@ -61,9 +61,46 @@ def test_reports_of_other_questions_are_not_pooled(tmp_path, capsys):
     assert "cannot be pooled" in capsys.readouterr().err
 
 
-def test_a_vllm_report_is_refused(tmp_path, capsys):
+def comparison(heads, category, vllm, headway):
+    """One category of an --engine vllm report: (accepted, drafts) per engine."""
+    side = lambda acc, drafts: {"accepted": acc, "drafts": drafts, "tau": 1 + acc / drafts}  # noqa: E731
+    return {"category": category, "heads": heads, "vllm": side(*vllm), "headway": side(*headway)}
+
+
+def vllm_report(comparisons):
     data = report([])
     data["engine"] = "vllm"
+    del data["methods"]
+    data["comparisons"] = comparisons
+    return data
+
+
+def test_vllm_reports_pool_either_engines_counters(tmp_path, capsys):
+    a = write(tmp_path, "a.json", vllm_report([comparison("x/e3-s0", "qa", (50, 100), (50, 100)),
+                                               comparison("x/e3-s0", "math", (30, 300), (31, 299))]))
+    b = write(tmp_path, "b.json", vllm_report([comparison("x/e3-s1", "qa", (70, 100), (70, 100)),
+                                               comparison("x/e3-s1", "math", (30, 300), (30, 300))]))
+    assert suite_table.main([a, b]) == 0
+    # all: 1 + summed accepted / summed drafts per heads (s0 80/400, s1 100/400), then pooled over seeds
+    assert "| e3 (2) | 1.600 ± 0.141 | 1.100 ± 0.000 | 1.225 ± 0.035 |" in capsys.readouterr().out
+    assert suite_table.main([a, "--side", "headway"]) == 0
+    assert f"| e3 (1) | 1.500 | {1 + 31 / 299:.3f} | {1 + 81 / 399:.3f} |" in capsys.readouterr().out
+
+
+def test_reports_of_both_engines_or_other_keys_from_vllm_are_refused(tmp_path, capsys):
+    v = write(tmp_path, "v.json", vllm_report([comparison("x/e3-s0", "qa", (50, 100), (50, 100))]))
+    h = write(tmp_path, "h.json", report([method("x/e3-s1", 1.4, 1.6)]))
+    with pytest.raises(SystemExit):
+        suite_table.main([v, h])
+    assert "both engines" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        suite_table.main([v, "--key", "accepted"])
+    assert "tau only" in capsys.readouterr().err
+
+
+def test_a_report_of_another_schema_is_refused(tmp_path, capsys):
+    data = report([])
+    data["schema"] = "headway.bench/1"
     with pytest.raises(SystemExit):
         suite_table.main([write(tmp_path, "v.json", data)])
-    assert "engine 'vllm'" in capsys.readouterr().err
+    assert "not a headway eval report" in capsys.readouterr().err
